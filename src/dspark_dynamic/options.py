@@ -1,0 +1,203 @@
+"""The ``dspark_dynamic`` options: parsing and validation (pure logic).
+
+Options live in ``additional_config["dspark_dynamic"]`` (a dict).  The DSpark form
+``--speculative-config '{"method": "dspark_dynamic", ...}'`` is rewritten into that dict by the
+config adapter.  Every error is a ``DynamicDepthConfigError`` naming the key, the bad value and
+what is allowed.  ``to_dict()`` of a parsed object parses back to an equal object.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from dspark_dynamic.policy import BatchDepth
+
+CONFIG_KEY = "dspark_dynamic"
+ALIAS_METHOD = "dspark_dynamic"
+POLICIES = ("phase", "adaptive")
+BATCH_DEPTHS = ("auto",) + tuple(m.value for m in BatchDepth)
+
+
+class DynamicDepthConfigError(ValueError):
+    """A bad ``dspark_dynamic`` option; the message names the key and the allowed values."""
+
+
+def _fail(key: str, value: Any, allowed: str) -> DynamicDepthConfigError:
+    return DynamicDepthConfigError(
+        f"dspark_dynamic: invalid option {key!r}={value!r}; allowed: {allowed}"
+    )
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    """Knobs of ``policy: "adaptive"`` (see adaptive.py for their meaning)."""
+
+    min_depth: int = 0
+    verify_cost_ratio: float = 0.5  # d / T0: cost of one more verified token vs a plain step
+    draft_cost_ratio: float = 0.04  # c_draft / T0: cost of running the drafter at all
+    learn_cost: bool = True  # refine the cost ratios from measured step times
+    explore: float = 0.02  # probability of trying a neighbouring depth
+    hysteresis: float = 0.03  # relative gain needed before switching depth
+    prior_weight: float = 20.0  # pseudo-observations behind the starting estimates
+    window: float = 400.0  # effective memory (observations) of the acceptance estimates
+
+
+@dataclass(frozen=True)
+class DynamicDepthOptions:
+    num_speculative_tokens: int
+    reasoning_depth: int
+    answer_depth: int
+    policy: str = "phase"
+    batch_depth: str = "auto"
+    reasoning_start_ids: tuple[int, ...] = ()
+    reasoning_end_ids: tuple[int, ...] = ()
+    think_start_token: str | None = None
+    think_end_token: str | None = None
+    log_interval_s: float = 10.0
+    trace_path: str | None = None
+    adaptive: AdaptiveOptions = AdaptiveOptions()
+
+    @property
+    def markers_resolved(self) -> bool:
+        return bool(self.reasoning_start_ids) and bool(self.reasoning_end_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("num_speculative_tokens")
+        out["reasoning_start_ids"] = list(self.reasoning_start_ids)
+        out["reasoning_end_ids"] = list(self.reasoning_end_ids)
+        return out
+
+
+# Keys a user may set, besides the adaptive sub-dict.
+OPTION_KEYS = tuple(
+    f.name for f in fields(DynamicDepthOptions) if f.name not in ("num_speculative_tokens",)
+)
+# Keys that the DSpark form moves out of --speculative-config.
+ALIAS_KEYS = OPTION_KEYS + ("base_method",)
+
+
+def _int(key: str, value: Any, lo: int, hi: int, hint: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _fail(key, value, f"an integer in [{lo}, {hi}]{hint}")
+    return value
+
+
+def _float(key: str, value: Any, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(key, value, f"a number in [{lo}, {hi}]")
+    if not lo <= value <= hi:
+        raise _fail(key, value, f"a number in [{lo}, {hi}]")
+    return float(value)
+
+
+def _ids(key: str, value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise _fail(key, value, "a list of non-negative token ids")
+    return tuple(value)
+
+
+def _token(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _fail(key, value, "a non-empty string that is one token of the tokenizer")
+    return value
+
+
+def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
+    if value is None:
+        return AdaptiveOptions()
+    if not isinstance(value, Mapping):
+        raise _fail("adaptive", value, "a dict of adaptive-policy options")
+    known = {f.name for f in fields(AdaptiveOptions)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise _fail(f"adaptive.{unknown[0]}", value[unknown[0]], f"one of {sorted(known)}")
+    d = AdaptiveOptions()
+    learn = value.get("learn_cost", d.learn_cost)
+    if not isinstance(learn, bool):
+        raise _fail("adaptive.learn_cost", learn, "true or false")
+    return AdaptiveOptions(
+        min_depth=_int("adaptive.min_depth", value.get("min_depth", d.min_depth), 0, num_spec),
+        verify_cost_ratio=_float(
+            "adaptive.verify_cost_ratio", value.get("verify_cost_ratio", d.verify_cost_ratio), 0.0, 100.0
+        ),
+        draft_cost_ratio=_float(
+            "adaptive.draft_cost_ratio", value.get("draft_cost_ratio", d.draft_cost_ratio), 0.0, 100.0
+        ),
+        learn_cost=learn,
+        explore=_float("adaptive.explore", value.get("explore", d.explore), 0.0, 0.5),
+        hysteresis=_float("adaptive.hysteresis", value.get("hysteresis", d.hysteresis), 0.0, 1.0),
+        prior_weight=_float(
+            "adaptive.prior_weight", value.get("prior_weight", d.prior_weight), 0.0, 1e6
+        ),
+        window=_float("adaptive.window", value.get("window", d.window), 1.0, 1e9),
+    )
+
+
+def parse_options(raw: Any, num_speculative_tokens: int | None) -> DynamicDepthOptions:
+    """Validate ``additional_config["dspark_dynamic"]`` against the speculative config."""
+    if not isinstance(raw, Mapping):
+        raise _fail(CONFIG_KEY, raw, "a dict of options, e.g. {'reasoning_depth': 1}")
+    if not num_speculative_tokens:
+        raise DynamicDepthConfigError(
+            "dspark_dynamic: needs speculative decoding; set --speculative-config with "
+            "num_speculative_tokens >= 1 (any method: dspark, draft_model, ngram, eagle, ...)"
+        )
+    unknown = sorted(set(raw) - set(OPTION_KEYS))
+    if unknown:
+        raise _fail(unknown[0], raw[unknown[0]], f"one of {sorted(OPTION_KEYS)}")
+    n = num_speculative_tokens
+    hint = " (0 .. num_speculative_tokens)"
+    policy = raw.get("policy", "phase")
+    if policy not in POLICIES:
+        raise _fail("policy", policy, " | ".join(POLICIES))
+    batch_depth = raw.get("batch_depth", "auto")
+    if batch_depth not in BATCH_DEPTHS:
+        raise _fail("batch_depth", batch_depth, " | ".join(BATCH_DEPTHS))
+    trace_path = raw.get("trace_path")
+    if trace_path is not None and (not isinstance(trace_path, str) or not trace_path):
+        raise _fail("trace_path", trace_path, "a file path (JSONL trace) or null")
+    start_ids = _ids("reasoning_start_ids", raw.get("reasoning_start_ids"))
+    end_ids = _ids("reasoning_end_ids", raw.get("reasoning_end_ids"))
+    if set(start_ids) & set(end_ids):
+        raise _fail("reasoning_end_ids", list(end_ids), "ids disjoint from reasoning_start_ids")
+    return DynamicDepthOptions(
+        num_speculative_tokens=n,
+        reasoning_depth=_int("reasoning_depth", raw.get("reasoning_depth", min(1, n)), 0, n, hint),
+        answer_depth=_int("answer_depth", raw.get("answer_depth", n), 0, n, hint),
+        policy=policy,
+        batch_depth=batch_depth,
+        reasoning_start_ids=start_ids,
+        reasoning_end_ids=end_ids,
+        think_start_token=_token("think_start_token", raw.get("think_start_token")),
+        think_end_token=_token("think_end_token", raw.get("think_end_token")),
+        log_interval_s=_float("log_interval_s", raw.get("log_interval_s", 10.0), 0.0, 86400.0),
+        trace_path=trace_path,
+        adaptive=_adaptive(raw.get("adaptive"), n),
+    )
+
+
+def split_alias(spec: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a ``method: dspark_dynamic`` speculative config into (vLLM's, ours).
+
+    vLLM's part gets ``method = base_method`` (default ``"dspark"``); ours gets every controller
+    key.  The input is not modified.
+    """
+    vllm_part = {k: v for k, v in spec.items() if k not in ALIAS_KEYS}
+    ours = {k: v for k, v in spec.items() if k in OPTION_KEYS}
+    base = spec.get("base_method", "dspark")
+    if not isinstance(base, str) or not base or base == ALIAS_METHOD:
+        raise _fail("base_method", base, "a vLLM speculative method such as 'dspark' (default)")
+    vllm_part["method"] = base
+    return vllm_part, ours

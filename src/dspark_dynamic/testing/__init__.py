@@ -1,0 +1,1 @@
+"""Test and demo support: tiny mock models built locally (never downloaded)."""

@@ -1,0 +1,176 @@
+"""Run one real vLLM engine (in this process) on the tiny models and report as JSON.
+
+    python -m dspark_dynamic.testing.engine_run SPEC.json OUT.json
+
+SPEC: {"model": path, "speculative_config": {...} | null, "additional_config": {...} | null,
+       "batches": [[{"prompt_ids": [...], "max_tokens": N}, ...], ...], "engine": {extra LLM kwargs}}
+Each batch is one ``LLM.generate`` call; vLLM's spec-decode counters and the controller's
+per-phase totals are reported after every batch (cumulative), so callers can take differences.
+Tests run it in a subprocess: every engine gets a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+
+
+def engine_env() -> dict[str, str]:
+    """Environment for a CPU engine run: offline, small KV cache, engine core in-process."""
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def spec_counters(llm: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {name: 0 for name in SPEC_COUNTERS}
+    out["vllm:spec_decode_num_accepted_tokens_per_pos"] = []
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_COUNTERS:
+            out[metric.name] = metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            out[metric.name] = list(metric.values)
+    return out
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    for key, value in engine_env().items():
+        os.environ.setdefault(key, value)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.monotonic()
+    kwargs: dict[str, Any] = dict(
+        model=spec["model"],
+        dtype="bfloat16",
+        max_model_len=512,
+        enforce_eager=True,
+        disable_log_stats=False,
+        distributed_executor_backend="uni",
+        seed=0,
+    )
+    if spec.get("speculative_config"):
+        kwargs["speculative_config"] = spec["speculative_config"]
+    if spec.get("additional_config"):
+        kwargs["additional_config"] = spec["additional_config"]
+    kwargs.update(spec.get("engine", {}))
+    llm = LLM(**kwargs)
+    init_s = time.monotonic() - t0
+    from dspark_dynamic.patches.scheduler import latest_controller
+
+    report: dict[str, Any] = {"init_s": init_s, "batches": []}
+    if hook := latest_controller():
+        report["scheduler_cls"] = hook.scheduler_cls
+    for batch in spec["batches"]:
+        prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in batch]
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=r.get("max_tokens", 256), ignore_eos=False)
+            for r in batch
+        ]
+        t = time.monotonic()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        hook = latest_controller()
+        report["batches"].append(
+            {
+                "seconds": time.monotonic() - t,
+                "outputs": [list(o.outputs[0].token_ids) for o in outputs],
+                "vllm": spec_counters(llm),
+                "phases": hook.controller.stats.snapshot() if hook else None,
+                "live_states": len(hook.controller.states) if hook else None,
+            }
+        )
+    if "abort_storm" in spec:
+        report["abort_storm"] = abort_storm(llm, spec["abort_storm"])
+    if hook := latest_controller():
+        hook.controller.stats.close()
+    return report
+
+
+def abort_storm(llm: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Many short requests through the engine's step API, aborting some mid-flight."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from dspark_dynamic.patches.scheduler import latest_controller
+
+    engine = llm.llm_engine
+    n = int(cfg.get("requests", 1000))
+    prompt = TokensPrompt(prompt_token_ids=cfg["prompt_ids"])
+    params = SamplingParams(temperature=0.0, max_tokens=int(cfg.get("max_tokens", 6)))
+    ids = [f"storm-{i}" for i in range(n)]
+    for rid in ids:
+        engine.add_request(rid, prompt, params)
+    hook = latest_controller()
+    peak = 0
+    finished = set()
+    aborted: list[str] = []
+    steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished.add(out.request_id)
+        steps += 1
+        peak = max(peak, len(hook.controller.states) if hook else 0)
+        if steps % 3 == 1:  # abort every other request still in flight
+            live = [rid for rid in ids if rid not in finished and rid not in aborted]
+            batch = live[::2][: max(1, len(live) // 4)]
+            engine.abort_request(batch)
+            aborted.extend(batch)
+    return {
+        "requests": n,
+        "aborted": len(aborted),
+        "finished": len(finished),
+        "steps": steps,
+        "peak_states": peak,
+        "live_states": len(hook.controller.states) if hook else None,
+    }
+
+
+def run_in_subprocess(spec: dict[str, Any], workdir: Path, timeout: float = 600) -> dict[str, Any]:
+    """Run ``spec`` in a fresh Python process; returns the report (plus its log as "log")."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path, log_path = workdir / "spec.json", workdir / "out.json", workdir / "engine.log"
+    spec_path.write_text(json.dumps(spec))
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, "-m", "dspark_dynamic.testing.engine_run", str(spec_path), str(out_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **engine_env()},
+            timeout=timeout,
+        )
+    log_text = log_path.read_text()
+    if proc.returncode != 0:
+        raise RuntimeError(f"engine run failed (rc={proc.returncode}); log tail:\n{log_text[-6000:]}")
+    report = json.loads(out_path.read_text())
+    report["log"] = log_text
+    return report
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(open(argv[1]).read())
+    report = run(spec)
+    with open(argv[2], "w") as f:
+        json.dump(report, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

