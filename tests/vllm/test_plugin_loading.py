@@ -57,3 +57,16 @@ def test_require_vllm_reports_version():
     from dspark_dynamic.plugin import require_vllm
 
     assert require_vllm()
+
+
+def test_plugin_installs_the_cudart_fix_and_keeps_vllms_fixed_lookup():
+    code = (
+        "import vllm.plugins as p; p.load_general_plugins();"
+        "import vllm.distributed.device_communicators.cuda_wrapper;"
+        "from dspark_dynamic.fixes import flashinfer_cudart as f; import json; print(json.dumps(f.status()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    status = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert status["finder_installed"] is True
+    # vLLM 0.32 already matches file names: detected by behaviour and left alone
+    assert status["modules"]["vllm.utils.system_utils"] == "upstream-ok (kept)"
