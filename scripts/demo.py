@@ -21,16 +21,8 @@ from pathlib import Path
 from dspark_dynamic.plugin import require_vllm
 from dspark_dynamic.testing import tiny_models
 from dspark_dynamic.testing.engine_run import run_in_subprocess
+from dspark_dynamic.simulate import CostModel, modeled_tok_per_s
 from dspark_dynamic.testing.scenarios import SCRIPT, THINKING_PROMPT
-
-
-def modeled_tps(phase: dict, t0: float, c_draft: float, d: float) -> float:
-    """tok/s if each request-step at depth k cost T0 + c_draft*[k>0] + d*k milliseconds."""
-    steps = sum(phase["depth_counts"].values())
-    if not steps:
-        return 0.0
-    ms = sum(c * (t0 + (c_draft if int(k) else 0.0) + d * int(k)) for k, c in phase["depth_counts"].items())
-    return phase["tokens"] / (ms / 1000.0)
 
 
 def main() -> int:
@@ -60,6 +52,7 @@ def main() -> int:
                                "additional_config": {"dspark_dynamic": {"reasoning_depth": 1, "answer_depth": 2}},
                                "batches": [batch]},
     }
+    cost = CostModel(args.t0_ms, args.draft_ms, args.verify_ms)
     reports = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, run_spec) in enumerate(runs.items()):
@@ -80,7 +73,7 @@ def main() -> int:
             p = b["phases"][phase_name]
             print(f"{name:<22} {phase_name:<10} {p['steps']:>6} {p['verified']:>9} {p['accepted']:>9} "
                   f"{p['verified'] - p['accepted']:>9} {100 * p['accepted'] / max(1, p['verified']):>7.1f}% "
-                  f"{p['tokens']:>7} {modeled_tps(p, args.t0_ms, args.draft_ms, args.verify_ms):>12.1f}")
+                  f"{p['tokens']:>7} {modeled_tok_per_s({phase_name: p}, cost):>12.1f}")
         print(f"{'':<22} vLLM counters: drafts={b['vllm']['vllm:spec_decode_num_drafts']} "
               f"draft_tokens={b['vllm']['vllm:spec_decode_num_draft_tokens']} "
               f"accepted={b['vllm']['vllm:spec_decode_num_accepted_tokens']}   ({same})")

@@ -53,7 +53,7 @@ class DepthController:
         for request in running:
             phase = self.phase_of(request)
             if request.spec_token_ids:
-                drafting.append((request, phase, self.policy.depth(phase)))
+                drafting.append((request, phase, self.policy.depth(phase, request.request_id)))
             else:
                 decisions[request.request_id] = (phase, -1)
         if not drafting:
@@ -107,10 +107,10 @@ class DepthController:
             if verified:
                 accepted = min(num_generated - 1, verified)
                 self.stats.record(phase, verified, accepted, num_generated, req_id)
-                self.policy.observe(phase, verified, accepted)
+                self.policy.observe(phase, verified, accepted, req_id)
             elif chosen == 0:
                 self.stats.record(phase, 0, 0, num_generated, req_id)
-                self.policy.observe(phase, 0, 0)
+                self.policy.observe(phase, 0, 0, req_id)
             else:
                 self.stats.totals[phase].tokens += num_generated
         if self._last_output_time is not None and num_requests:
@@ -121,8 +121,9 @@ class DepthController:
 
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+        self.policy.forget(request_id)
 
     def prune(self, live_request_ids: Iterable[str]) -> None:
         live = set(live_request_ids)
         for req_id in [r for r in self.states if r not in live]:
-            del self.states[req_id]
+            self.forget(req_id)

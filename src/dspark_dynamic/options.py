@@ -40,7 +40,7 @@ class AdaptiveOptions:
     draft_cost_ratio: float = 0.04  # c_draft / T0: cost of running the drafter at all
     learn_cost: bool = True  # refine the cost ratios from measured step times
     explore: float = 0.02  # probability of trying a neighbouring depth
-    hysteresis: float = 0.03  # relative gain needed before switching depth
+    hysteresis: float = 0.01  # relative gain needed before switching depth
     prior_weight: float = 20.0  # pseudo-observations behind the starting estimates
     window: float = 400.0  # effective memory (observations) of the acceptance estimates
 

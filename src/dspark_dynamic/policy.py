@@ -31,13 +31,15 @@ def apply_batch_depth(depths: Sequence[int], mode: BatchDepth) -> list[int]:
 
 
 class DepthPolicy(Protocol):
-    """Chooses a depth from a phase; may learn from observed steps."""
+    """Chooses a request's depth from its phase; may learn from observed steps."""
 
-    def depth(self, phase: Phase) -> int: ...
+    def depth(self, phase: Phase, request_id: str | None = None) -> int: ...
 
-    def observe(self, phase: Phase, verified: int, accepted: int) -> None: ...
+    def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None: ...
 
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int) -> None: ...
+
+    def forget(self, request_id: str) -> None: ...
 
 
 class PhasePolicy:
@@ -48,13 +50,16 @@ class PhasePolicy:
             raise ValueError("depths must be >= 0")
         self._by_phase = (answer_depth, reasoning_depth)  # indexed by Phase value
 
-    def depth(self, phase: Phase) -> int:
+    def depth(self, phase: Phase, request_id: str | None = None) -> int:
         return self._by_phase[phase]
 
-    def observe(self, phase: Phase, verified: int, accepted: int) -> None:
+    def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
         return None
 
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int) -> None:
+        return None
+
+    def forget(self, request_id: str) -> None:
         return None
 
     def describe(self, phase: Phase) -> str:

@@ -160,3 +160,25 @@ def test_many_aborted_requests_leave_no_state(engine, target):
     assert storm["aborted"] > 100 and storm["finished"] > 100
     assert storm["peak_states"] > 50  # the controller did track many requests at once
     assert storm["live_states"] == 0
+
+
+def test_adaptive_policy_in_the_engine(engine, target, phase_draft, plain, phase_ctl):
+    from dspark_dynamic.simulate import CostModel, modeled_tok_per_s
+
+    cost = CostModel(75.0, 3.0, 37.75)
+    spec = {
+        "model": target,
+        "speculative_config": {"method": "draft_model", "model": phase_draft, "num_speculative_tokens": 2},
+        "additional_config": {"dspark_dynamic": {**DEPTHS, "policy": "adaptive", "adaptive": {
+            "verify_cost_ratio": 37.75 / 75, "draft_cost_ratio": 3 / 75, "learn_cost": False}}},
+        "batches": BATCHES,
+    }
+    adaptive = engine("adaptive", spec)
+    assert outputs(adaptive) == outputs(plain)
+    final = adaptive["batches"][-1]
+    phases = final["phases"]
+    # the controller's counts still match vLLM's own
+    assert sum(p["verified"] for p in phases.values()) == final["vllm"]["vllm:spec_decode_num_draft_tokens"]
+    # the 40 %-right reasoning drafts are mostly not verified any more
+    assert phases["reasoning"]["depth_counts"].get("0", 0) > phases["reasoning"]["depth_counts"].get("1", 0)
+    assert modeled_tok_per_s(phases, cost) >= modeled_tok_per_s(phase_ctl["batches"][-1]["phases"], cost)

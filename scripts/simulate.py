@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Replay acceptance traces under T(k) = T0 + c_draft*[drafting] + d*k and compare policies.
+
+Prints tok/s for fixed k = 0..3, the phase policy, the adaptive policy, a per-step oracle (knows
+each step's true acceptance probabilities, as a perfectly calibrated confidence head would) and
+the hindsight bound (knows how many drafts each step will accept; unreachable) on
+synthetic traces (seed-like, bimodal, drifting) and on any JSONL trace given with --trace
+(per-position rows {"req","phase","L"}, or the controller's own trace_path rows).
+
+    python scripts/simulate.py [--t0-ms 75 --draft-ms 3 --verify-ms 37.75] [--trace FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dspark_dynamic.simulate import (
+    CostModel,
+    bimodal_trace,
+    compare,
+    drifting_trace,
+    load_trace,
+    seed_like_trace,
+)
+
+
+def print_table(title: str, results, baseline: str = "fixed k=2") -> None:
+    base = next(r for r in results if r.name == baseline).tok_per_s
+    oracle = next((r for r in results if r.name == "oracle per step"), results[-1]).tok_per_s
+    print(f"\n== {title}")
+    print(f"{'policy':<28} {'tok/s':>7} {'vs k=2':>7} {'vs oracle':>9} {'accept%':>8} {'mean k':>7}")
+    for r in results:
+        acc = 100.0 * r.accepted / r.verified if r.verified else 0.0
+        print(f"{r.name:<28} {r.tok_per_s:>7.2f} {r.tok_per_s / base:>7.3f} {r.tok_per_s / oracle:>9.3f} "
+              f"{acc:>7.1f}% {r.verified / r.steps:>7.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--t0-ms", type=float, default=75.0)
+    ap.add_argument("--draft-ms", type=float, default=3.0)
+    ap.add_argument("--verify-ms", type=float, default=37.75)
+    ap.add_argument("--max-k", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--trace", action="append", default=[], help="JSONL trace file (repeatable)")
+    args = ap.parse_args()
+    cost = CostModel(args.t0_ms, args.draft_ms, args.verify_ms)
+    print(f"cost model: T(k) = {cost.t0_ms} + {cost.draft_ms}*[drafting] + {cost.verify_ms}*k ms")
+    traces = {
+        "seed-like (reasoning 40 %, answer 90 % at k=2)": seed_like_trace(args.requests),
+        "bimodal reasoning (easy/hard stretches)": bimodal_trace(args.requests),
+        "drifting acceptance": drifting_trace(args.requests),
+    }
+    for path in args.trace:
+        traces[f"recorded: {path}"] = load_trace(path)
+    for title, trace in traces.items():
+        print_table(title, compare(trace, cost, max_k=args.max_k))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Adaptive depth: choose k from measured acceptance and step cost (pure logic).
+
+Model, per phase (reasoning / answer):
+- ``a_j`` = P(draft j accepted | drafts 1..j-1 accepted), for j = 1..N.  A request-step that
+  verified k drafts and accepted m observes positions 1..min(k, m+1): successes at 1..m and a
+  failure at m+1 (when m < k).  Counts decay with factor ``1 - 1/window`` per observation.
+  An unobserved or thinly observed position borrows its predecessor's rate (prior weight
+  ``prior_weight``), so a depth that is rarely used starts from a sensible guess.
+- Each request also keeps a short-memory estimate blended with its phase's; it ages every step
+  (``REQUEST_WINDOW`` steps), so a request whose drafts are currently easy (or hard) gets its
+  own depth, and one parked at k = 0 drifts back to the phase estimate and probes again.  How
+  much a request's own record counts is learned per phase from the persistence (lag-1
+  autocorrelation) of draft outcomes: independent outcomes make it count for almost nothing.
+- Expected tokens of a step at depth k: ``E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i``.
+- Cost of a step at depth k, in units of a plain decode step:
+  ``C(k) = 1 + draft_cost_ratio + verify_cost_ratio * k``.  The drafter runs whatever k the
+  controller picks, so k = 0 still pays ``draft_cost_ratio``.  With ``learn_cost`` the ratio
+  ``verify_cost_ratio`` is refitted from measured engine-step times vs verified tokens
+  (recursive least squares with forgetting) once the data spans several depths.
+- The chosen depth maximises ``E(k) / C(k)`` over ``[min_depth, N]``, with hysteresis: a request
+  moves from its current depth only for a relative gain above ``hysteresis``.  Until a phase has
+  ``prior_weight`` observations the phase defaults (``reasoning_depth`` / ``answer_depth``) apply.
+- Exploration: with probability ``explore`` a step uses one more draft than chosen (one fewer
+  at the maximum, when costs are learned), so the estimates of deeper positions stay fresh.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from dspark_dynamic.phase import Phase
+
+REQUEST_WINDOW = 12.0  # steps a request's own estimate remembers
+REQUEST_BLEND = 2.0  # phase-estimate pseudo-observations in a request's estimate, at full persistence
+MAX_REQUEST_BLEND = 400.0  # ... and when draft outcomes show no persistence at all
+
+
+class Persistence:
+    """Lag-1 autocorrelation of a request's consecutive first-draft outcomes (decayed).
+
+    Near 0: outcomes are independent, a request's recent record is noise, trust the phase.
+    Near 1: drafts come in easy/hard stretches, a request's recent record predicts its next step.
+    """
+
+    def __init__(self, window: float) -> None:
+        self.keep = 1.0 - 1.0 / window
+        self.n = self.sx = self.sy = self.sxy = self.sxx = 0.0
+
+    def add(self, prev: float, cur: float) -> None:
+        k = self.keep
+        self.n = self.n * k + 1.0
+        self.sx = self.sx * k + prev
+        self.sy = self.sy * k + cur
+        self.sxy = self.sxy * k + prev * cur
+        self.sxx = self.sxx * k + prev * prev
+
+    def rho(self) -> float:
+        if self.n < 10.0:
+            return 0.0
+        mx, my = self.sx / self.n, self.sy / self.n
+        var = self.sxx / self.n - mx * mx
+        if var <= 1e-6:
+            return 0.0
+        return max(0.0, min(1.0, (self.sxy / self.n - mx * my) / var))
+
+    def blend(self) -> float:
+        """Pseudo-observations of the phase estimate to mix into a request's own."""
+        return min(MAX_REQUEST_BLEND, REQUEST_BLEND / max(self.rho(), 1e-3))
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Decayed per-position success/observation counts."""
+
+    positions: int
+    window: float
+    succ: list[float] = field(default_factory=list)
+    seen: list[float] = field(default_factory=list)
+    observations: int = 0
+
+    def __post_init__(self) -> None:
+        self.succ = [0.0] * self.positions
+        self.seen = [0.0] * self.positions
+
+    def update(self, verified: int, accepted: int, decay: bool = True) -> None:
+        """Add one request-step; ``decay`` first ages the positions it observes."""
+        if verified <= 0:
+            return
+        keep = 1.0 - 1.0 / self.window if decay else 1.0
+        for j in range(min(verified, accepted + 1, self.positions)):
+            self.seen[j] = self.seen[j] * keep + 1.0
+            self.succ[j] = self.succ[j] * keep + (1.0 if j < accepted else 0.0)
+        self.observations += 1
+
+    def age(self) -> None:
+        """Age every position by one step (a request's own evidence fades while unused)."""
+        keep = 1.0 - 1.0 / self.window
+        self.seen = [x * keep for x in self.seen]
+        self.succ = [x * keep for x in self.succ]
+
+    def rates(self, prior: list[float], prior_weight: float) -> list[float]:
+        """Per-position rates; position j shrinks toward ``prior[j]`` or its predecessor's rate."""
+        out: list[float] = []
+        for j in range(self.positions):
+            anchor = prior[j] if prior else (out[j - 1] if j else 0.5)
+            out.append((self.succ[j] + prior_weight * anchor) / (self.seen[j] + prior_weight))
+        return out
+
+
+def expected_tokens(rates: list[float], k: int) -> float:
+    total, survive = 1.0, 1.0
+    for a in rates[:k]:
+        survive *= a
+        total += survive
+    return total
+
+
+def best_depth(rates: list[float], lo: int, hi: int, draft_ratio: float, verify_ratio: float) -> tuple[int, list[float]]:
+    """The k in [lo, hi] maximising tokens per unit cost, and every k's score."""
+    scores = [expected_tokens(rates, k) / (1.0 + draft_ratio + verify_ratio * k) for k in range(hi + 1)]
+    k = max(range(lo, hi + 1), key=lambda i: scores[i])
+    return k, scores
+
+
+class StepCostModel:
+    """Fits step_seconds ~ t0 + d * verified_tokens online (RLS with forgetting)."""
+
+    def __init__(self, forget: float = 0.995) -> None:
+        self.forget = forget
+        self.p = [[1e4, 0.0], [0.0, 1e4]]
+        self.theta = [0.0, 0.0]
+        self.n = 0
+        self.v_min: float | None = None
+        self.v_max: float | None = None
+
+    def update(self, seconds: float, verified_tokens: float) -> None:
+        x = (1.0, float(verified_tokens))
+        p, lam = self.p, self.forget
+        px = [p[0][0] * x[0] + p[0][1] * x[1], p[1][0] * x[0] + p[1][1] * x[1]]
+        denom = lam + x[0] * px[0] + x[1] * px[1]
+        gain = [px[0] / denom, px[1] / denom]
+        err = seconds - (self.theta[0] * x[0] + self.theta[1] * x[1])
+        self.theta = [self.theta[0] + gain[0] * err, self.theta[1] + gain[1] * err]
+        self.p = [
+            [(p[0][0] - gain[0] * px[0]) / lam, (p[0][1] - gain[0] * px[1]) / lam],
+            [(p[1][0] - gain[1] * px[0]) / lam, (p[1][1] - gain[1] * px[1]) / lam],
+        ]
+        self.n += 1
+        self.v_min = verified_tokens if self.v_min is None else min(self.v_min, verified_tokens)
+        self.v_max = verified_tokens if self.v_max is None else max(self.v_max, verified_tokens)
+
+    def verify_ratio(self, min_samples: int = 50) -> float | None:
+        """d / t0 once the fit has data at several verified-token counts, else None."""
+        if self.n < min_samples or self.v_min is None or self.v_max is None or self.v_max - self.v_min < 1:
+            return None
+        t0, d = self.theta
+        if t0 <= 0:
+            return None
+        return max(0.0, min(10.0, d / t0))
+
+
+@dataclass
+class _RequestState:
+    estimate: AcceptanceEstimate
+    depth: dict[Phase, int] = field(default_factory=dict)
+    last_first: dict[Phase, float] = field(default_factory=dict)  # last first-draft outcome
+
+
+class AdaptivePolicy:
+    """Per-phase (and per-request) depth from acceptance and cost estimates."""
+
+    def __init__(
+        self,
+        num_speculative_tokens: int,
+        default_depths: dict[Phase, int],
+        min_depth: int = 0,
+        verify_cost_ratio: float = 0.5,
+        draft_cost_ratio: float = 0.04,
+        learn_cost: bool = True,
+        explore: float = 0.02,
+        hysteresis: float = 0.01,
+        prior_weight: float = 20.0,
+        window: float = 400.0,
+        seed: int = 0,
+    ) -> None:
+        self.n = num_speculative_tokens
+        self.defaults = dict(default_depths)
+        self.min_depth = min(min_depth, self.n)
+        self.verify_ratio_prior = verify_cost_ratio
+        self.draft_ratio = draft_cost_ratio
+        self.learn_cost = learn_cost
+        self.explore = explore
+        self.hysteresis = hysteresis
+        self.prior_weight = prior_weight
+        self.phase_estimates = {p: AcceptanceEstimate(self.n, window) for p in Phase}
+        self.persistence = {p: Persistence(window) for p in Phase}
+        self.requests: dict[str, _RequestState] = {}
+        self.cost = StepCostModel()
+        self._rng = random.Random(seed)
+
+    @classmethod
+    def from_options(cls, options: Any) -> "AdaptivePolicy":
+        a = options.adaptive
+        return cls(
+            options.num_speculative_tokens,
+            {Phase.REASONING: options.reasoning_depth, Phase.ANSWER: options.answer_depth},
+            min_depth=a.min_depth,
+            verify_cost_ratio=a.verify_cost_ratio,
+            draft_cost_ratio=a.draft_cost_ratio,
+            learn_cost=a.learn_cost,
+            explore=a.explore,
+            hysteresis=a.hysteresis,
+            prior_weight=a.prior_weight,
+            window=a.window,
+        )
+
+    # -- estimates ----------------------------------------------------------------------
+
+    @property
+    def verify_ratio(self) -> float:
+        learned = self.cost.verify_ratio() if self.learn_cost else None
+        return self.verify_ratio_prior if learned is None else learned
+
+    def phase_rates(self, phase: Phase) -> list[float]:
+        return self.phase_estimates[phase].rates([], self.prior_weight)
+
+    def request_rates(self, phase: Phase, request_id: str | None) -> list[float]:
+        base = self.phase_rates(phase)
+        state = self.requests.get(request_id) if request_id is not None else None
+        if state is None or state.estimate.observations == 0:
+            return base
+        return state.estimate.rates(base, self.persistence[phase].blend())
+
+    # -- DepthPolicy --------------------------------------------------------------------
+
+    def depth(self, phase: Phase, request_id: str | None = None) -> int:
+        default = min(max(self.defaults[phase], self.min_depth), self.n)
+        if self.phase_estimates[phase].observations < self.prior_weight:
+            chosen = default
+        else:
+            best, scores = best_depth(
+                self.request_rates(phase, request_id), self.min_depth, self.n, self.draft_ratio, self.verify_ratio
+            )
+            state = self._state(request_id)
+            if state is not None:
+                state.estimate.age()
+            current = state.depth.get(phase, default) if state else default
+            chosen = best if scores[best] > scores[current] * (1.0 + self.hysteresis) else current
+            if state is not None:
+                state.depth[phase] = chosen
+        if self.explore and self._rng.random() < self.explore:
+            if chosen < self.n:
+                return chosen + 1
+            if self.learn_cost and chosen > self.min_depth:
+                return chosen - 1
+        return chosen
+
+    def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
+        self.phase_estimates[phase].update(verified, accepted)
+        state = self._state(request_id)
+        if state is not None and verified > 0:
+            state.estimate.update(verified, accepted, decay=False)
+            first = 1.0 if accepted > 0 else 0.0
+            prev = state.last_first.get(phase)
+            if prev is not None:
+                self.persistence[phase].add(prev, first)
+            state.last_first[phase] = first
+
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int) -> None:
+        if self.learn_cost and num_requests and seconds > 0:
+            self.cost.update(seconds, verified_tokens)
+
+    def forget(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def describe(self, phase: Phase) -> str:
+        rates = ", ".join(f"{a:.2f}" for a in self.phase_rates(phase))
+        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, self.draft_ratio, self.verify_ratio)
+        return (
+            f"adaptive: accept/pos=[{rates}] best depth={k} persistence={self.persistence[phase].rho():.2f} "
+            f"verify_cost_ratio={self.verify_ratio:.3f} observations={self.phase_estimates[phase].observations}"
+        )
+
+    def _state(self, request_id: str | None) -> _RequestState | None:
+        if request_id is None:
+            return None
+        state = self.requests.get(request_id)
+        if state is None:
+            state = _RequestState(AcceptanceEstimate(self.n, REQUEST_WINDOW))
+            self.requests[request_id] = state
+        return state

@@ -1,0 +1,170 @@
+import random
+
+import pytest
+
+from dspark_dynamic.adaptive import (
+    AcceptanceEstimate,
+    AdaptivePolicy,
+    Persistence,
+    StepCostModel,
+    best_depth,
+    expected_tokens,
+)
+from dspark_dynamic.phase import Phase
+from dspark_dynamic.simulate import CostModel, bimodal_trace, compare, seed_like_trace
+
+R, A = Phase.REASONING, Phase.ANSWER
+
+
+def feed(estimate_or_policy, p, steps, k, rng, phase=R, req=None):
+    for _ in range(steps):
+        m = 0
+        while m < k and rng.random() < p:
+            m += 1
+        if isinstance(estimate_or_policy, AcceptanceEstimate):
+            estimate_or_policy.update(k, m)
+        else:
+            estimate_or_policy.observe(phase, k, m, req)
+
+
+@pytest.mark.parametrize("p", [0.2, 0.5, 0.9])
+def test_estimator_converges_per_position(p):
+    est = AcceptanceEstimate(positions=3, window=2000)
+    feed(est, p, 20000, 3, random.Random(0))
+    rates = est.rates([], prior_weight=20)
+    assert rates == pytest.approx([p, p, p], abs=0.03)
+
+
+def test_estimator_follows_a_change_within_its_window():
+    est = AcceptanceEstimate(positions=1, window=200)
+    rng = random.Random(1)
+    feed(est, 0.9, 3000, 1, rng)
+    feed(est, 0.2, 1000, 1, rng)
+    assert est.rates([], 20)[0] == pytest.approx(0.2, abs=0.06)
+
+
+def test_unobserved_positions_borrow_their_predecessor():
+    est = AcceptanceEstimate(positions=3, window=1000)
+    feed(est, 0.8, 500, 1, random.Random(2))  # only position 1 is ever observed
+    r = est.rates([], 20)
+    assert r[1] == pytest.approx(r[0]) and r[2] == pytest.approx(r[0])
+
+
+@pytest.mark.parametrize(
+    "rates, draft_ratio, verify_ratio, expected",
+    [
+        ([0.1, 0.1, 0.1], 0.04, 0.5, 0),  # hard drafts: do not verify
+        ([0.525, 0.525, 0.525], 0.04, 0.503, 1),  # the seed's reasoning: 1 draft
+        ([0.949, 0.949], 0.04, 0.503, 2),  # the seed's answer with N=2
+        ([0.949, 0.949, 0.949], 0.04, 0.503, 3),  # ... and with N=3
+        ([0.6, 0.6, 0.6], 0.0, 0.01, 3),  # verification almost free (a GPU): go deep
+        ([0.9, 0.9, 0.9], 0.04, 5.0, 0),  # verification very expensive: stop
+    ],
+)
+def test_best_depth_is_the_analytic_optimum(rates, draft_ratio, verify_ratio, expected):
+    k, scores = best_depth(rates, 0, len(rates), draft_ratio, verify_ratio)
+    brute = max(range(len(rates) + 1), key=lambda i: expected_tokens(rates, i) / (1 + draft_ratio + verify_ratio * i))
+    assert k == brute == expected
+    assert scores[k] == max(scores)
+
+
+def test_expected_tokens():
+    assert expected_tokens([0.5, 0.5], 0) == 1
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1.75)
+
+
+def make_policy(**kw):
+    args = dict(verify_cost_ratio=0.503, draft_cost_ratio=0.04, learn_cost=False, explore=0.0)
+    args.update(kw)
+    return AdaptivePolicy(2, {R: 1, A: 2}, **args)
+
+
+def test_phase_defaults_until_there_is_evidence():
+    policy = make_policy(prior_weight=20)
+    assert policy.depth(R, "x") == 1 and policy.depth(A, "x") == 2
+    feed(policy, 0.05, 19, 1, random.Random(3), R, "x")
+    assert policy.depth(R, "x") == 1  # 19 < 20 observations
+    feed(policy, 0.05, 5, 1, random.Random(4), R, "x")
+    assert policy.depth(R, "x") == 0  # evidence: drafts are useless here
+
+
+def test_hysteresis_needs_a_clear_gain_before_leaving_the_current_depth():
+    # k=1 vs k=2 tie at a = 0.757 with these costs; at a = 0.73, k=1 is better by ~1.5 %
+    _, scores = best_depth([0.757, 0.757], 0, 2, 0.04, 0.503)
+    assert scores[1] == pytest.approx(scores[2], rel=1e-3)
+    chosen = {}
+    for hysteresis in (0.0, 0.05):
+        policy = make_policy(hysteresis=hysteresis, prior_weight=1, window=1e9)
+        for i in range(1000):  # deterministic stream with a1 = a2 = 0.73
+            first = (i * 73) % 100 < 73
+            second = first and ((i * 37) % 100 < 73)
+            policy.observe(A, 2, int(first) + int(second), None)
+        rates = policy.phase_rates(A)
+        k, scores = best_depth(rates, 0, 2, 0.04, 0.503)
+        assert k == 1 and 1.0 < scores[1] / scores[2] < 1.05
+        chosen[hysteresis] = policy.depth(A, "r")  # the request starts at answer_depth = 2
+    assert chosen == {0.0: 1, 0.05: 2}
+
+
+def test_exploration_rate_and_direction():
+    policy = make_policy(explore=0.1, prior_weight=1)
+    feed(policy, 0.02, 200, 1, random.Random(6), R, "x")  # chosen depth 0
+    ks = [policy.depth(R, "x") for _ in range(5000)]
+    assert ks.count(1) / len(ks) == pytest.approx(0.1, abs=0.02)  # one deeper, 10 % of steps
+    assert set(ks) == {0, 1}
+    assert make_policy(explore=0.0).explore == 0.0
+
+
+def test_persistence_separates_independent_from_streaky_outcomes():
+    rng = random.Random(7)
+    iid, streaky = Persistence(2000), Persistence(2000)
+    prev = 0.0
+    for _ in range(5000):
+        cur = float(rng.random() < 0.5)
+        iid.add(prev, cur)
+        prev = cur
+    state = 1.0
+    for _ in range(5000):
+        if rng.random() < 0.02:
+            state = 1.0 - state
+        streaky.add(state, state)
+    assert iid.rho() < 0.1 < 0.8 < streaky.rho()
+    assert iid.blend() > 10 * streaky.blend()
+
+
+def test_cost_model_learns_the_verify_ratio():
+    model = StepCostModel(forget=0.999)
+    rng = random.Random(8)
+    for _ in range(2000):
+        v = rng.choice([0, 1, 2, 4])
+        model.update(0.075 + 0.0375 * v + rng.gauss(0, 0.002), v)
+    assert model.verify_ratio() == pytest.approx(0.5, abs=0.05)
+    assert StepCostModel().verify_ratio() is None  # no data: use the configured prior
+
+
+def test_forget_frees_request_state():
+    policy = make_policy()
+    policy.depth(R, "a")
+    policy.observe(R, 1, 1, "a")
+    policy.forget("a")
+    assert policy.requests == {}
+
+
+# -- the simulator's acceptance numbers (printed by scripts/simulate.py) ----------------------
+
+COST = CostModel(t0_ms=75.0, draft_ms=3.0, verify_ms=37.75)
+
+
+def results(trace):
+    return {r.name: r.tok_per_s for r in compare(trace, COST)}
+
+
+def test_seed_trace_adaptive_ge_phase_ge_108_fixed2():
+    res = results(seed_like_trace())
+    assert res["adaptive (k<=3)"] >= res["phase 1/2"] >= 1.08 * res["fixed k=2"]
+
+
+def test_bimodal_trace_adaptive_within_5_percent_of_oracle():
+    res = results(bimodal_trace())
+    assert res["adaptive (k<=3)"] >= 0.95 * res["oracle per step"]
+    assert res["oracle per step"] <= res["hindsight bound"]
