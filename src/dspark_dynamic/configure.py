@@ -17,9 +17,11 @@ from dspark_dynamic.policy import BatchDepth
 
 logger = logging.getLogger("vllm.dspark_dynamic")
 
-# Methods whose target forward runs on Model Runner V2 with uniform-only FULL decode graphs in
-# the fork (DeepSeek-V4 attention builders are UNIFORM_BATCH): a mixed-depth batch would fall
-# back to eager there, so "auto" picks one depth per step for them.
+# batch_depth "auto": methods whose target forward runs on Model Runner V2 with uniform-only FULL
+# decode graphs (the fork's DeepSeek-V4 attention builders are UNIFORM_BATCH): a mixed-depth
+# batch would fall back to eager there, so one depth per step ("max": no request verifies fewer
+# drafts than its phase asks for).  Elsewhere (Model Runner V1, eager, varlen graphs with vLLM
+# 0.33 adaptive verification) mixed batches cost nothing extra: "per_request".
 _UNIFORM_BATCH_METHODS = ("dspark",)
 
 
@@ -68,6 +70,8 @@ def resolve_batch_depth(options: DynamicDepthOptions, vllm_config: Any) -> Batch
     if options.batch_depth != "auto":
         return BatchDepth(options.batch_depth)
     spec = getattr(vllm_config, "speculative_config", None)
+    if getattr(spec, "enable_adaptive_verification", False):
+        return BatchDepth.PER_REQUEST  # vLLM then captures varlen decode graphs: any mix replays
     method = getattr(spec, "method", None)
     compilation = getattr(vllm_config, "compilation_config", None)
     mode = getattr(compilation, "cudagraph_mode", None)

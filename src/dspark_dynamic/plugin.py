@@ -19,9 +19,9 @@ _registered_pid: int | None = None
 
 
 def all_patches() -> tuple:
-    from dspark_dynamic.patches import config_alias, scheduler
+    from dspark_dynamic.patches import config_alias, cudagraph, scheduler
 
-    return config_alias.PATCHES + scheduler.PATCHES
+    return config_alias.PATCHES + scheduler.PATCHES + cudagraph.PATCHES
 
 
 def register() -> None:

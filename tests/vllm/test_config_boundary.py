@@ -108,3 +108,18 @@ def test_unconfigured_plugin_leaves_config_alone(model):
     config = engine_args(model, NGRAM).create_engine_config()
     assert "dspark_dynamic" not in (config.additional_config or {})
     assert config.speculative_config.method == "ngram"
+
+
+def test_adaptive_policy_refused_with_vllms_adaptive_verification(model):
+    from types import SimpleNamespace
+
+    from dspark_dynamic.patches.config_alias import validate
+
+    args = engine_args(model, None, {"dspark_dynamic": {"policy": "adaptive"}})
+    spec = SimpleNamespace(method="ngram", num_speculative_tokens=2, enable_adaptive_verification=True)
+    target = args.create_model_config()
+    with pytest.raises(DynamicDepthConfigError, match="enable_adaptive_verification"):
+        validate(args, spec, target)
+    args = engine_args(model, None, {"dspark_dynamic": {"policy": "phase"}})
+    validate(args, spec, target)  # the phase policy caps what adaptive verification may admit
+    assert args.additional_config["dspark_dynamic"]["policy"] == "phase"

@@ -22,6 +22,8 @@ from dspark_dynamic.options import ALIAS_METHOD, CONFIG_KEY, DynamicDepthConfigE
 from dspark_dynamic.patching import Patch
 
 MODULE = "vllm.engine.arg_utils"
+# Speculative methods whose target runs on Model Runner V2 with FULL decode CUDA graphs.
+MODEL_RUNNER_V2_METHODS = ("dspark",)
 
 
 def rewrite_alias(engine_args: Any) -> None:
@@ -63,9 +65,12 @@ def validate(engine_args: Any, speculative_config: Any, target_model_config: Any
     additional = engine_args.additional_config
     if not isinstance(additional, dict) or CONFIG_KEY not in additional:
         return
-    from dspark_dynamic.patches.scheduler import PATCHES
+    from dspark_dynamic.patches import cudagraph, scheduler
 
-    for patch in PATCHES:  # fail here, loudly, if this vLLM lacks a patch point
+    needed = list(scheduler.PATCHES)
+    if getattr(speculative_config, "method", None) in MODEL_RUNNER_V2_METHODS:
+        needed += cudagraph.PATCHES  # its verify lengths need their own CUDA graphs
+    for patch in needed:  # fail here, loudly, if this vLLM lacks a patch point
         patch.apply(strict=True)
     options, _ = resolve_options(
         additional[CONFIG_KEY],
@@ -73,6 +78,12 @@ def validate(engine_args: Any, speculative_config: Any, target_model_config: Any
         getattr(engine_args, "reasoning_parser", None) or None,
         target_model_config,
     )
+    if getattr(speculative_config, "enable_adaptive_verification", False) and options.policy == "adaptive":
+        raise DynamicDepthConfigError(
+            "dspark_dynamic: invalid option 'policy'='adaptive' together with vLLM's "
+            "enable_adaptive_verification; allowed: policy 'phase' (it caps, per phase, the drafts "
+            "adaptive verification may admit), or turn enable_adaptive_verification off"
+        )
     engine_args.additional_config = {**additional, CONFIG_KEY: options.to_dict()}
 
 
