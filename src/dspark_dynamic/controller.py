@@ -93,8 +93,12 @@ class DepthController:
         decisions: Mapping[str, tuple[Phase, int]],
         generated: Mapping[str, int],
         scheduled_spec: Mapping[str, Sequence[int]],
+        kept: Mapping[str, int] | None = None,
     ) -> None:
+        """``generated``: sampled tokens per request (as vLLM's acceptance accounting sees them);
+        ``kept``: those left after vLLM cut the output at a stop token (default: all)."""
         now = time.monotonic()
+        kept = generated if kept is None else kept
         verified_tokens = 0
         num_requests = 0
         for req_id, num_generated in generated.items():
@@ -104,15 +108,16 @@ class DepthController:
             num_requests += 1
             verified = len(scheduled_spec.get(req_id, ()))
             verified_tokens += verified
+            tokens = kept.get(req_id, num_generated)
             if verified:
                 accepted = min(num_generated - 1, verified)
-                self.stats.record(phase, verified, accepted, num_generated, req_id)
+                self.stats.record(phase, verified, accepted, tokens, req_id)
                 self.policy.observe(phase, verified, accepted, req_id)
             elif chosen == 0:
-                self.stats.record(phase, 0, 0, num_generated, req_id)
+                self.stats.record(phase, 0, 0, tokens, req_id)
                 self.policy.observe(phase, 0, 0, req_id)
             else:
-                self.stats.totals[phase].tokens += num_generated
+                self.stats.totals[phase].tokens += tokens
         if self._last_output_time is not None and num_requests:
             elapsed = now - self._last_output_time
             self.policy.observe_step(elapsed, verified_tokens, num_requests)

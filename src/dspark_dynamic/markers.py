@@ -66,6 +66,40 @@ def parser_marker_strings(parser_name: str, tokenizer: Any) -> tuple[str | None,
     return (start if isinstance(start, str) else None, end if isinstance(end, str) else None)
 
 
+def _resolve_side(
+    side: str,
+    ids: tuple[int, ...],
+    token: str | None,
+    parsed: str | None,
+    default: str,
+    tokenizer: Any,
+    parser: str | None,
+    parser_note: str,
+) -> tuple[tuple[int, ...], str]:
+    """Ids and source for one side ("start" / "end"), in the documented order."""
+    if ids:
+        return ids, f"reasoning_{side}_ids option"
+    if token is not None:
+        tid = single_token_id(tokenizer, token)
+        if tid is None:
+            raise DynamicDepthConfigError(
+                f"dspark_dynamic: invalid option 'think_{side}_token'={token!r}; allowed: a string "
+                "that the tokenizer encodes as exactly one token"
+            )
+        return (tid,), f"think_{side}_token option"
+    for text, source in ((parsed, f"reasoning parser {parser!r}"), (default, "tokenizer vocabulary")):
+        tid = single_token_id(tokenizer, text) if text is not None else None
+        if tid is not None:
+            return (tid,), source
+    parser_part = f"reasoning parser {parser!r} gave none{parser_note}" if parser else "no --reasoning-parser"
+    raise DynamicDepthConfigError(
+        f"dspark_dynamic: cannot resolve the think {side} marker: no 'think_{side}_token' or "
+        f"'reasoning_{side}_ids' option, {parser_part}, and the tokenizer has no single token "
+        f"{default!r}. Set 'think_start_token'/'think_end_token' (single tokens) or "
+        "'reasoning_start_ids'/'reasoning_end_ids'."
+    )
+
+
 def resolve_markers(
     options: DynamicDepthOptions,
     reasoning_parser: str | None,
@@ -74,64 +108,38 @@ def resolve_markers(
     """Resolve the marker ids for ``options``; raises DynamicDepthConfigError if impossible."""
     if options.markers_resolved and options.think_start_token is None and options.think_end_token is None:
         return ResolvedMarkers(options.reasoning_start_ids, options.reasoning_end_ids, "options (ids)")
-
     tokenizer = get_tokenizer()
     if tokenizer is None:
         raise DynamicDepthConfigError(
             "dspark_dynamic: the think markers cannot be resolved without a tokenizer "
             "(skip_tokenizer_init is set); give 'reasoning_start_ids' and 'reasoning_end_ids'"
         )
-    parser_start = parser_end = None
-    parser_error = ""
+    parsed: tuple[str | None, str | None] = (None, None)
+    parser_note = ""
     if reasoning_parser:
         try:
-            parser_start, parser_end = parser_marker_strings(reasoning_parser, tokenizer)
+            parsed = parser_marker_strings(reasoning_parser, tokenizer)
         except Exception as exc:  # an unusual parser: fall back to the vocabulary
-            parser_error = f" (reasoning parser {reasoning_parser!r} failed: {exc})"
-            logger.warning("dspark_dynamic: %s", parser_error.strip(" ()"))
-
-    def side(ids: tuple[int, ...], key: str, token: str | None, parsed: str | None, default: str) -> tuple[tuple[int, ...], str]:
-        if ids:
-            return ids, f"{key} option"
-        candidates = [(token, f"{key.replace('reasoning_', 'think_').replace('_ids', '_token')} option")]
-        if token is None:
-            candidates = [(parsed, f"reasoning parser {reasoning_parser!r}"), (default, "tokenizer vocabulary")]
-        for text, source in candidates:
-            if text is None:
-                continue
-            tid = single_token_id(tokenizer, text)
-            if tid is not None:
-                return (tid,), source
-            if token is not None:
-                raise DynamicDepthConfigError(
-                    f"dspark_dynamic: invalid option {source.split()[0]!r}={text!r}; allowed: "
-                    "a string that the tokenizer encodes as exactly one token"
-                )
-        raise DynamicDepthConfigError(
-            f"dspark_dynamic: cannot resolve the think {key.split('_')[1]} marker: no "
-            f"'{key}'/'think_{key.split('_')[1]}_token' option, "
-            f"{'reasoning parser ' + repr(reasoning_parser) + ' gave none' if reasoning_parser else 'no --reasoning-parser'}"
-            f"{parser_error}, and the tokenizer has no single token {default!r}. Set "
-            "'think_start_token'/'think_end_token' (single tokens) or "
-            "'reasoning_start_ids'/'reasoning_end_ids'."
-        )
-
-    start_ids, start_src = side(
-        options.reasoning_start_ids, "reasoning_start_ids", options.think_start_token, parser_start, DEFAULT_START
+            parser_note = f" (it failed: {exc})"
+            logger.warning("dspark_dynamic: reasoning parser %r failed: %s", reasoning_parser, exc)
+    start_ids, start_src = _resolve_side(
+        "start", options.reasoning_start_ids, options.think_start_token, parsed[0], DEFAULT_START,
+        tokenizer, reasoning_parser, parser_note,
     )
-    end_ids, end_src = side(
-        options.reasoning_end_ids, "reasoning_end_ids", options.think_end_token, parser_end, DEFAULT_END
+    end_ids, end_src = _resolve_side(
+        "end", options.reasoning_end_ids, options.think_end_token, parsed[1], DEFAULT_END,
+        tokenizer, reasoning_parser, parser_note,
     )
-    implicit = []
-    for text in IMPLICIT_END_TOKENS.get(reasoning_parser or "", ()):
-        tid = single_token_id(tokenizer, text)
-        if tid is not None and tid not in end_ids and tid not in start_ids:
-            implicit.append(tid)
     if set(start_ids) & set(end_ids):
         raise DynamicDepthConfigError(
             f"dspark_dynamic: think start and end markers resolve to the same token ids "
             f"{sorted(set(start_ids) & set(end_ids))}; set distinct think_start_token/think_end_token"
         )
+    implicit = []
+    for text in IMPLICIT_END_TOKENS.get(reasoning_parser or "", ()):
+        tid = single_token_id(tokenizer, text)
+        if tid is not None and tid not in end_ids and tid not in start_ids:
+            implicit.append(tid)
     source = f"start from {start_src}, end from {end_src}"
     if implicit:
         source += f", implicit end {implicit} from {reasoning_parser!r}"

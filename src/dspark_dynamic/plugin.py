@@ -37,6 +37,12 @@ def register() -> None:
     except Exception:  # never raise into vLLM's plugin loader
         logger.exception("dspark_dynamic: registering patches failed")
     try:
+        from dspark_dynamic.metrics import ensure_metrics_dir
+
+        ensure_metrics_dir()  # inherited by the engine processes this one starts
+    except Exception:
+        logger.exception("dspark_dynamic: metrics directory setup failed")
+    try:
         from dspark_dynamic.fixes import flashinfer_cudart
 
         flashinfer_cudart.install_from_plugin()

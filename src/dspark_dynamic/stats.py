@@ -3,7 +3,9 @@
 Counts are per request-step that verified drafts ("steps"), so they sum to what vLLM's own
 spec-decode counters report: ``verified`` == vLLM's draft tokens, ``accepted`` == its accepted
 tokens, ``steps`` == its drafts.  ``zero_depth_steps`` counts request-steps where the policy
-chose k=0 (vLLM sees no draft for those).
+chose k=0 (vLLM sees no draft for those).  ``tokens`` counts the tokens decode steps added to
+each request's output (after vLLM cuts it at a stop token; a request's first token, from its
+prefill step, is not included).
 """
 
 from __future__ import annotations

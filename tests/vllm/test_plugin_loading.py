@@ -70,3 +70,18 @@ def test_plugin_installs_the_cudart_fix_and_keeps_vllms_fixed_lookup():
     assert status["finder_installed"] is True
     # vLLM 0.32 already matches file names: detected by behaviour and left alone
     assert status["modules"]["vllm.utils.system_utils"] == "upstream-ok (kept)"
+
+
+def test_gpu_verification_script_refuses_clearly_without_a_gpu():
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "verify_gpu.py"
+    proc = subprocess.run([sys.executable, str(script), "--model", "/nonexistent"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "no CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_patch_target_exists_in_this_vllm():
+    from dspark_dynamic.patches.check import problems
+
+    assert problems() == {name: None for name in problems()}

@@ -22,6 +22,7 @@ from dspark_dynamic.configure import (
     resolve_options,
 )
 from dspark_dynamic.controller import DepthController
+from dspark_dynamic.metrics import SnapshotWriter
 from dspark_dynamic.patching import Patch
 from dspark_dynamic.policy import PhasePolicy
 from dspark_dynamic.stats import PhaseStats
@@ -69,6 +70,7 @@ class SchedulerHook:
         )
         self.pending: OrderedDict[int, dict] = OrderedDict()
         self.scheduler_cls = ""
+        self.metrics = SnapshotWriter()
         self.last_log = time.monotonic()
         logger.info(
             "dspark_dynamic: depth controller on (method=%s, num_speculative_tokens=%d, "
@@ -144,9 +146,13 @@ def _update_from_output(original):
         )
         result = original(self, scheduler_output, model_runner_output, *args, **kwargs)
         if decisions:
-            controller.after_output(decisions, generated, scheduler_output.scheduled_spec_decode_tokens)
+            kept = controller.generated_counts(  # vLLM cut the lists at stop tokens, in place
+                decisions, model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
+            )
+            controller.after_output(decisions, generated, scheduler_output.scheduled_spec_decode_tokens, kept)
         if len(controller.states) > len(self.requests):
             controller.prune(self.requests)
+        hook.metrics.write(controller.stats.snapshot(), force=not self.running)
         hook.maybe_log()
         return result
 

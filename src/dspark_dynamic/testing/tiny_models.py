@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 HIDDEN = 128
 HEAD_DIM = 64  # a head size the vLLM CPU attention backend accepts
 VOCAB_SIZE = 256
@@ -150,7 +150,9 @@ def _write_model(out: Path, transitions: dict[int, int], seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     embed = torch.randn(VOCAB_SIZE, HIDDEN, generator=g)
     unit = embed / embed.norm(dim=1, keepdim=True)
-    scale = 12.0 / HIDDEN**0.5  # correct successor logit ~12, others |cos|*12
+    # correct successor logit 30, others |cos|*30 <~ 11: even temperature-1 sampling follows the
+    # script (a wrong token has probability < 1e-6 per step)
+    scale = 30.0 / HIDDEN**0.5
     lm_head = torch.zeros(VOCAB_SIZE, HIDDEN)
     for src, dst in transitions.items():
         lm_head[dst] += unit[src] * scale

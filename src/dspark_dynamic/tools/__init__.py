@@ -1,0 +1,1 @@
+"""Tools for users: the phase-split benchmark client and the launcher."""
