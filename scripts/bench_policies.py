@@ -25,11 +25,9 @@ from dspark_dynamic.testing.scenarios import SCRIPT, THINKING_PROMPT
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--t0-ms", type=float, default=75.0)
-    ap.add_argument("--draft-ms", type=float, default=3.0)
-    ap.add_argument("--verify-ms", type=float, default=37.75)
+    CostModel.add_arguments(ap)
     args = ap.parse_args()
-    cost = CostModel(args.t0_ms, args.draft_ms, args.verify_ms)
+    cost = CostModel.from_arguments(args)
     target = str(tiny_models.build_target(SCRIPT))
     draft = str(tiny_models.build_phase_draft(SCRIPT))
     # sequential batches of one request: the adaptive estimates carry over, like a single user

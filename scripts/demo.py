@@ -28,9 +28,7 @@ from dspark_dynamic.testing.scenarios import SCRIPT, THINKING_PROMPT
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=4, help="concurrent thinking-mode requests")
-    ap.add_argument("--t0-ms", type=float, default=75.0)
-    ap.add_argument("--draft-ms", type=float, default=3.0)
-    ap.add_argument("--verify-ms", type=float, default=37.75)
+    CostModel.add_arguments(ap)
     ap.add_argument("--reasoning-hit", type=float, default=0.4,
                     help="fraction of reasoning transitions the draft gets right")
     ap.add_argument("--answer-hit", type=float, default=0.9,
@@ -52,7 +50,7 @@ def main() -> int:
                                "additional_config": {"dspark_dynamic": {"reasoning_depth": 1, "answer_depth": 2}},
                                "batches": [batch]},
     }
-    cost = CostModel(args.t0_ms, args.draft_ms, args.verify_ms)
+    cost = CostModel.from_arguments(args)
     reports = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, run_spec) in enumerate(runs.items()):

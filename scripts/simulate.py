@@ -37,14 +37,12 @@ def print_table(title: str, results, baseline: str = "fixed k=2") -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--t0-ms", type=float, default=75.0)
-    ap.add_argument("--draft-ms", type=float, default=3.0)
-    ap.add_argument("--verify-ms", type=float, default=37.75)
+    CostModel.add_arguments(ap)
     ap.add_argument("--max-k", type=int, default=3)
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--trace", action="append", default=[], help="JSONL trace file (repeatable)")
     args = ap.parse_args()
-    cost = CostModel(args.t0_ms, args.draft_ms, args.verify_ms)
+    cost = CostModel.from_arguments(args)
     print(f"cost model: T(k) = {cost.t0_ms} + {cost.draft_ms}*[drafting] + {cost.verify_ms}*k ms")
     traces = {
         "seed-like (reasoning 40 %, answer 90 % at k=2)": seed_like_trace(args.requests),

@@ -163,19 +163,30 @@ class _HookLoader(importlib.abc.Loader):
         return getattr(self._wrapped, name)
 
 
+def find_spec_with_wrapped_loader(
+    finder: importlib.abc.MetaPathFinder,
+    fullname: str,
+    path: Any,
+    target: Any,
+    wrap: Callable[[Any, str], importlib.abc.Loader],
+) -> Any:
+    """Ask the other finders on ``sys.meta_path`` for ``fullname``; wrap the loader they give."""
+    for other in sys.meta_path:
+        if other is finder or not hasattr(other, "find_spec"):
+            continue
+        spec = other.find_spec(fullname, path, target)
+        if spec is not None:
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = wrap(spec.loader, fullname)
+            return spec
+    return None
+
+
 class _HookFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in _callbacks:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _HookLoader(spec.loader, fullname)
-                return spec
-        return None
+        return find_spec_with_wrapped_loader(self, fullname, path, target, _HookLoader)
 
 
 _finder = _HookFinder()

@@ -20,6 +20,7 @@ import json
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from dspark_dynamic.adaptive import AdaptivePolicy, expected_tokens
 from dspark_dynamic.phase import Phase
@@ -38,6 +39,17 @@ class CostModel:
 
     def step_ms(self, k: int, drafting: bool = True) -> float:
         return self.t0_ms + (self.draft_ms if drafting else 0.0) + self.verify_ms * k
+
+    @staticmethod
+    def add_arguments(parser: Any) -> None:
+        """--t0-ms / --draft-ms / --verify-ms (defaults: the seed box's fit)."""
+        parser.add_argument("--t0-ms", type=float, default=75.0, help="plain decode step, ms")
+        parser.add_argument("--draft-ms", type=float, default=3.0, help="running the drafter, ms")
+        parser.add_argument("--verify-ms", type=float, default=37.75, help="one more verified token, ms")
+
+    @classmethod
+    def from_arguments(cls, args: Any) -> "CostModel":
+        return cls(args.t0_ms, args.draft_ms, args.verify_ms)
 
 
 def _position(rng: random.Random, phase: Phase, rates: tuple[float, ...]) -> Position:

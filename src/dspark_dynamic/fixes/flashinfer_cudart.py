@@ -39,6 +39,8 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from dspark_dynamic.patching import find_spec_with_wrapped_loader
+
 logger = logging.getLogger("vllm.dspark_dynamic")
 
 ENV_SWITCH = "DSPARK_DYNAMIC_CUDART_FIX"
@@ -293,16 +295,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in TARGETS:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is None:
-                continue
-            if spec.loader is not None and hasattr(spec.loader, "exec_module") and not isinstance(spec.loader, _Loader):
-                spec.loader = _Loader(spec.loader, fullname)
-            return spec
-        return None
+        return find_spec_with_wrapped_loader(self, fullname, path, target, _Loader)
 
 
 def enabled() -> bool:
