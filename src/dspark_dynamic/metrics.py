@@ -28,6 +28,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("vllm.dspark_dynamic")
@@ -56,7 +57,9 @@ class SnapshotWriter:
         self._last = 0.0
         atexit.register(self.remove)
 
-    def write(self, snapshot: dict[str, Any], force: bool = False) -> None:
+    def write(self, snapshot: Callable[[], dict[str, Any]], force: bool = False) -> None:
+        """Write ``snapshot()`` if the interval has passed (or ``force``); otherwise do nothing,
+        not even build the snapshot (this runs after every engine step)."""
         now = time.monotonic()
         if not force and now - self._last < WRITE_INTERVAL_S:
             return
@@ -65,7 +68,7 @@ class SnapshotWriter:
         try:
             os.makedirs(self.directory, exist_ok=True)
             with open(tmp, "w") as f:
-                json.dump({"pid": os.getpid(), "phases": snapshot}, f)
+                json.dump({"pid": os.getpid(), "phases": snapshot()}, f)
             os.replace(tmp, self.path)
         except OSError as exc:  # metrics must never break serving
             logger.debug("dspark_dynamic: metrics snapshot not written: %s", exc)

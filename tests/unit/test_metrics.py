@@ -8,8 +8,12 @@ def test_snapshot_round_trip_and_collector(tmp_path, monkeypatch):
     writer = metrics.SnapshotWriter()
     snap = {"reasoning": {"steps": 3, "verified": 3, "accepted": 1, "tokens": 4, "depth_counts": {1: 3}},
             "answer": {"steps": 1, "verified": 2, "accepted": 2, "tokens": 3, "depth_counts": {2: 1}}}
-    writer.write(snap, force=True)
-    writer.write({"reasoning": {"steps": 99}}, force=False)  # throttled: not written
+    writer.write(lambda: snap, force=True)
+
+    def must_not_run():
+        raise AssertionError("snapshot built although the write was throttled")
+
+    writer.write(must_not_run, force=False)  # throttled: not built, not written
     assert json.loads(open(writer.path).read())["phases"]["reasoning"]["steps"] == 3
     families = {f.name: f for f in metrics.PhaseCollector(str(tmp_path / "m")).collect()}
     verified = {s.labels["phase"]: s.value for s in families["dspark_dynamic:verified_draft_tokens"].samples}
@@ -24,8 +28,8 @@ def test_exposition_has_the_phase_label(tmp_path, monkeypatch):
     from prometheus_client import CollectorRegistry, generate_latest
 
     monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path))
-    metrics.SnapshotWriter().write({"answer": {"steps": 2, "verified": 4, "accepted": 3, "tokens": 6,
-                                               "depth_counts": {"2": 2}}}, force=True)
+    metrics.SnapshotWriter().write(lambda: {"answer": {"steps": 2, "verified": 4, "accepted": 3, "tokens": 6,
+                                                       "depth_counts": {"2": 2}}}, force=True)
     registry = CollectorRegistry()
     registry.register(metrics.PhaseCollector(str(tmp_path)))
     text = generate_latest(registry).decode()

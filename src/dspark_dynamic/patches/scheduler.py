@@ -152,7 +152,7 @@ def _update_from_output(original):
             controller.after_output(decisions, generated, scheduler_output.scheduled_spec_decode_tokens, kept)
         if len(controller.states) > len(self.requests):
             controller.prune(self.requests)
-        hook.metrics.write(controller.stats.snapshot(), force=not self.running)
+        hook.metrics.write(controller.stats.snapshot, force=not self.running)
         hook.maybe_log()
         return result
 
