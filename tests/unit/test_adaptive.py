@@ -168,3 +168,35 @@ def test_bimodal_trace_adaptive_within_5_percent_of_oracle():
     res = results(bimodal_trace())
     assert res["adaptive (k<=3)"] >= 0.95 * res["oracle per step"]
     assert res["oracle per step"] <= res["hindsight bound"]
+
+
+def test_recorded_controller_trace_replays(tmp_path):
+    import json
+
+    from dspark_dynamic.simulate import load_trace
+
+    rows = []
+    for i in range(300):  # reasoning: 1 draft, accepted every other step; answer: 2 drafts, all accepted
+        rows.append({"req": "a", "phase": "reasoning", "k": 1, "accepted": i % 2, "tokens": 1 + i % 2})
+    for _ in range(100):
+        rows.append({"req": "a", "phase": "answer", "k": 2, "accepted": 2, "tokens": 3})
+    rows.append({"step_s": 0.1, "verified_tokens": 2, "reqs": 1})  # engine-step rows are skipped
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    (positions,) = load_trace(str(path))
+    reasoning = [p for p in positions if p[0] is R]
+    answer = [p for p in positions if p[0] is A]
+    assert len(reasoning) == 450 and len(answer) == 300  # recorded tokens per phase
+    assert reasoning[0][2][0] == pytest.approx(0.5)  # recorded first-draft acceptance
+    assert answer[0][2][:2] == (1.0, 1.0)
+    res = {r.name: r for r in compare([positions], COST, max_k=2)}
+    for result in res.values():  # every policy replays the whole request (the last step may overshoot)
+        assert len(positions) <= result.tokens <= len(positions) + 2
+
+
+def test_per_position_trace_format(tmp_path):
+    from dspark_dynamic.simulate import load_trace
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"req": "x", "phase": "reasoning", "L": 0}\n{"req": "x", "phase": "answer", "L": 3}\n')
+    assert [(p[0], p[1]) for p in load_trace(str(path))[0]] == [(R, 0), (A, 3)]

@@ -51,6 +51,15 @@ def test_marker_found_across_chunk_boundaries():
         assert RULES.last_phase(tokens) is Phase.ANSWER, pos
 
 
+def test_far_back_markers_last_one_wins():
+    tokens = [7] * 20000
+    tokens[10], tokens[20], tokens[30] = S, E, S  # all before the tail window
+    assert RULES.last_phase(tokens) is Phase.REASONING
+    tokens[40] = DSML
+    assert RULES.last_phase(tokens) is Phase.ANSWER
+    assert RULES.last_phase([7] * 20000) is None
+
+
 def test_incremental_matches_full_scan():
     rng = random.Random(1)
     for _ in range(200):
@@ -88,7 +97,7 @@ def test_shrunk_output_recomputes_from_prompt():
 
 
 def test_million_token_prompt_scan_is_cheap_when_marker_is_at_the_end():
-    prompt = list(range(1000, 1000 + 1_000_000))
+    prompt = [i % 120_000 for i in range(1_000_000)]  # ids below every marker id
     prompt[-1] = S
     start = time.perf_counter()
     RequestPhase(RULES, prompt)
