@@ -182,3 +182,24 @@ def test_adaptive_policy_in_the_engine(engine, target, phase_draft, plain, phase
     # the 40 %-right reasoning drafts are mostly not verified any more
     assert phases["reasoning"]["depth_counts"].get("0", 0) > phases["reasoning"]["depth_counts"].get("1", 0)
     assert modeled_tok_per_s(phases, cost) >= modeled_tok_per_s(phase_ctl["batches"][-1]["phases"], cost)
+
+
+def test_preemption_and_chunked_prefill(engine, target):
+    """A KV cache too small for the batch (requests are preempted and re-admitted) and a small
+    token budget (long prompts prefill in chunks): outputs stay on the script, each phase keeps
+    its depth, and no state is left behind."""
+    filler = SCRIPT.filler_ids()
+    long_prompt = [filler[i % len(filler)] for i in range(150)] + THINKING_PROMPT
+    spec = {
+        "model": target,
+        "speculative_config": {"method": "draft_model", "model": target, "num_speculative_tokens": 2},
+        "additional_config": {"dspark_dynamic": DEPTHS},
+        "engine": {"num_gpu_blocks_override": 8, "max_num_batched_tokens": 64, "enable_chunked_prefill": True},
+        "batches": [[{"prompt_ids": long_prompt, "max_tokens": 300} for _ in range(5)]],
+    }
+    b = engine("stress", spec)["batches"][0]
+    assert b["outputs"] == [SCRIPT.expected_output(thinking=True)] * 5
+    assert b["vllm"]["vllm:num_preemptions"] > 0  # the tight cache really preempted
+    assert set(b["phases"]["reasoning"]["depth_counts"]) == {"1"}
+    assert set(b["phases"]["answer"]["depth_counts"]) == {"2"}
+    assert b["live_states"] == 0

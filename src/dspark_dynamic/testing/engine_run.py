@@ -23,6 +23,7 @@ SPEC_COUNTERS = (
     "vllm:spec_decode_num_drafts",
     "vllm:spec_decode_num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens",
+    "vllm:num_preemptions",
 )
 
 
@@ -81,7 +82,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     for batch in spec["batches"]:
         prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in batch]
         params = [
-            SamplingParams(temperature=0.0, max_tokens=r.get("max_tokens", 256), ignore_eos=False)
+            SamplingParams(temperature=r.get("temperature", 0.0), max_tokens=r.get("max_tokens", 256),
+                           n=r.get("n", 1), seed=r.get("seed"))
             for r in batch
         ]
         t = time.monotonic()
@@ -91,6 +93,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             {
                 "seconds": time.monotonic() - t,
                 "outputs": [list(o.outputs[0].token_ids) for o in outputs],
+                "all_outputs": [[list(c.token_ids) for c in o.outputs] for o in outputs],
                 "vllm": spec_counters(llm),
                 "phases": hook.controller.stats.snapshot() if hook else None,
                 "live_states": len(hook.controller.states) if hook else None,
