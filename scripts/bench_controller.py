@@ -13,22 +13,16 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from dataclasses import dataclass, field
 
 from dspark_dynamic.controller import DepthController
 from dspark_dynamic.phase import PhaseRules, RequestPhase
 from dspark_dynamic.policy import BatchDepth, PhasePolicy
+from dspark_dynamic.testing.fakes import FakeRequest as Req
 
 START, END, DSML = 128821, 128822, 128825
 RULES = PhaseRules.of([START], [END, DSML])
 
 
-@dataclass
-class Req:
-    request_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int] = field(default_factory=list)
-    spec_token_ids: list[int] = field(default_factory=list)
 
 
 def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: str) -> float:

@@ -1,19 +1,10 @@
-from dataclasses import dataclass, field
-
 from dspark_dynamic.controller import DepthController
 from dspark_dynamic.phase import Phase, PhaseRules
 from dspark_dynamic.policy import BatchDepth, PhasePolicy
+from dspark_dynamic.testing.fakes import FakeRequest
 
 S, E = 5, 6
 RULES = PhaseRules.of([S], [E])
-
-
-@dataclass
-class FakeRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int] = field(default_factory=list)
-    spec_token_ids: list[int] = field(default_factory=list)
 
 
 def make(batch=BatchDepth.PER_REQUEST, reasoning=1, answer=2):
