@@ -45,7 +45,7 @@ def register() -> None:
     try:
         from dspark_dynamic.fixes import flashinfer_cudart
 
-        flashinfer_cudart.install_from_plugin()
+        flashinfer_cudart.install()
     except Exception:
         logger.exception("dspark_dynamic: installing the FlashInfer libcudart fix failed")
     logger.debug("dspark_dynamic: plugin registered in pid %d", os.getpid())

@@ -321,10 +321,6 @@ def install() -> dict[str, Any]:
     return status()
 
 
-def install_from_plugin() -> None:
-    install()
-
-
 def status() -> dict[str, Any]:
     return {
         "enabled": enabled(),

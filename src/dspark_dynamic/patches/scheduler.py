@@ -52,7 +52,8 @@ def build_policy(options: Any) -> Any:
 class SchedulerHook:
     """What one scheduler instance carries: controller, pending decisions, log timer."""
 
-    def __init__(self, vllm_config: Any) -> None:
+    def __init__(self, vllm_config: Any, scheduler_cls: str) -> None:
+        self.scheduler_cls = scheduler_cls  # which vLLM scheduler class it sits in (reports)
         spec = vllm_config.speculative_config
         options, markers = resolve_options(
             raw_options(vllm_config.additional_config),
@@ -69,7 +70,6 @@ class SchedulerHook:
             PhaseStats(self.trace),
         )
         self.pending: OrderedDict[int, dict] = OrderedDict()
-        self.scheduler_cls = ""
         self.metrics = SnapshotWriter()
         self.last_log = time.monotonic()
         logger.info(
@@ -104,8 +104,7 @@ def _init(original):
         if raw_options(getattr(self.vllm_config, "additional_config", None)) is None:
             self.__dict__[ATTR] = None
             return
-        hook = SchedulerHook(self.vllm_config)
-        hook.scheduler_cls = type(self).__name__
+        hook = SchedulerHook(self.vllm_config, type(self).__name__)
         self.__dict__[ATTR] = hook
         _latest = hook
 

@@ -223,11 +223,6 @@ def build_target(script: Script = Script()) -> Path:
     return _build("target", {"script": asdict(script), "seed": 0}, script.successor(), script)
 
 
-def build_oracle_draft(script: Script = Script()) -> Path:
-    """A draft that always agrees with the target: the target itself."""
-    return build_target(script)
-
-
 def phase_draft_transitions(
     script: Script, reasoning_hit: float, answer_hit: float, seed: int
 ) -> dict[int, int]:

@@ -24,7 +24,6 @@ import json
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -50,7 +49,6 @@ class RequestResult:
     seconds: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     approximate_tokens: bool = False
     completion_tokens: int | None = None
-    error: str | None = None
 
 
 def _chunk_tokens(choice: dict[str, Any]) -> tuple[int, bool]:
