@@ -2,7 +2,7 @@
 """Micro-benchmark: the controller's cost per request per step, and the prompt scan.
 
 Drives ``DepthController`` exactly as the scheduler hook does (before_schedule, then
-after_output with the step's counts) over fake requests, and prints microseconds per
+plan_drafts, after_output with the step's counts) over fake requests, and prints microseconds per
 request-step.  Target: < 20 us.  Pure Python; no vLLM needed.
 
     python scripts/bench_controller.py [--requests 2 8 64 256] [--steps 2000]
@@ -14,9 +14,9 @@ import argparse
 import random
 import time
 
-from dspark_dynamic.controller import DepthController
-from dspark_dynamic.phase import PhaseRules, RequestPhase
-from dspark_dynamic.policy import BatchDepth, PhasePolicy
+from dspark_dynamic.core.controller import DepthController
+from dspark_dynamic.core.phase import PhaseRules, RequestPhase
+from dspark_dynamic.core.policy import BatchDepth, PhasePolicy
 from dspark_dynamic.testing.fakes import FakeRequest as Req
 
 START, END, DSML = 128821, 128822, 128825
@@ -28,8 +28,8 @@ RULES = PhaseRules.of([START], [END, DSML])
 def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: str) -> float:
     rng = random.Random(0)
     if policy_name == "adaptive":
-        from dspark_dynamic.adaptive import AdaptivePolicy
-        from dspark_dynamic.options import parse_options
+        from dspark_dynamic.core.adaptive import AdaptivePolicy
+        from dspark_dynamic.core.options import parse_options
 
         policy = AdaptivePolicy.from_options(parse_options({"policy": "adaptive"}, 2))
     else:
@@ -46,9 +46,10 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
             r.spec_token_ids = placeholder
         t0 = time.perf_counter()
         decisions = ctl.before_schedule(reqs)
-        scheduled = {r.request_id: r.spec_token_ids for r in reqs}
-        generated = {r.request_id: 1 + len(r.spec_token_ids) // 2 for r in reqs}
-        ctl.after_output(decisions, generated, scheduled)
+        ctl.plan_drafts(reqs)
+        counted = {r.request_id: (len(r.spec_token_ids), len(r.spec_token_ids) // 2) for r in reqs if r.spec_token_ids}
+        tokens = {r.request_id: 1 + len(r.spec_token_ids) // 2 for r in reqs}
+        ctl.after_output(decisions, counted, tokens)
         elapsed += time.perf_counter() - t0
     return elapsed / (steps * num_requests) * 1e6
 
@@ -70,7 +71,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, nargs="+", default=[1, 2, 8, 64, 256])
     ap.add_argument("--steps", type=int, default=2000)
     args = ap.parse_args()
-    print("controller cost per request per step (before_schedule + after_output)")
+    print("controller cost per request per step (before_schedule + plan_drafts + after_output)")
     print(f"{'requests':>9} {'policy':>9} {'batch_depth':>12} {'us/req/step':>12}")
     for policy in ("phase", "adaptive"):
         for batch in (BatchDepth.PER_REQUEST, BatchDepth.MAX):

@@ -16,7 +16,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from dspark_dynamic.simulate import CostModel, modeled_tok_per_s
+from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
 from dspark_dynamic.testing import tiny_models
 from dspark_dynamic.testing.engine_run import run_in_subprocess
 from dspark_dynamic.testing.scenarios import SCRIPT, THINKING_PROMPT

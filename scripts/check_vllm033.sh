@@ -19,6 +19,6 @@ if ! { [ -f "$VENV033/.stamp" ] && [ "$(cat "$VENV033/.stamp")" = "$STAMP" ]; };
   echo "$STAMP" > "$VENV033/.stamp"
 fi
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
-"$VENV033/bin/python" -m dspark_dynamic.patches.check
+"$VENV033/bin/python" -m dspark_dynamic.adapter.patches.check
 "$VENV033/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/fixes/test_cudart_rules.py \
   tests/vllm/test_cudagraph_patch.py

@@ -4,7 +4,7 @@
 Prints tok/s for fixed k = 0..3, the phase policy, the adaptive policy, a per-step oracle (knows
 each step's true acceptance probabilities, as a perfectly calibrated confidence head would) and
 the hindsight bound (knows how many drafts each step will accept; unreachable) on
-synthetic traces (seed-like, bimodal, drifting) and on any JSONL trace given with --trace
+synthetic traces (seed-like, bimodal, drifting, drift: all then no drafts accepted) and on any JSONL trace given with --trace
 (per-position rows {"req","phase","L"}, or the controller's own trace_path rows).
 
     python scripts/simulate.py [--t0-ms 75 --draft-ms 3 --verify-ms 37.75] [--trace FILE]
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 
-from dspark_dynamic.simulate import (
+from dspark_dynamic.core.simulate import (
     CostModel,
     bimodal_trace,
     compare,
+    drift_trace,
     drifting_trace,
     load_trace,
     seed_like_trace,
@@ -26,13 +27,16 @@ from dspark_dynamic.simulate import (
 
 def print_table(title: str, results, baseline: str = "fixed k=2") -> None:
     base = next(r for r in results if r.name == baseline).tok_per_s
+    phase = next(r for r in results if r.name.startswith("phase")).tok_per_s
     oracle = next((r for r in results if r.name == "oracle per step"), results[-1]).tok_per_s
+    hindsight = results[-1].tok_per_s
     print(f"\n== {title}")
-    print(f"{'policy':<28} {'tok/s':>7} {'vs k=2':>7} {'vs oracle':>9} {'accept%':>8} {'mean k':>7}")
+    print(f"{'policy':<28} {'tok/s':>7} {'vs k=2':>7} {'vs phase':>8} {'vs oracle':>9} {'vs hindsight':>12} "
+          f"{'accept%':>8} {'mean k':>7}")
     for r in results:
         acc = 100.0 * r.accepted / r.verified if r.verified else 0.0
-        print(f"{r.name:<28} {r.tok_per_s:>7.2f} {r.tok_per_s / base:>7.3f} {r.tok_per_s / oracle:>9.3f} "
-              f"{acc:>7.1f}% {r.verified / r.steps:>7.2f}")
+        print(f"{r.name:<28} {r.tok_per_s:>7.2f} {r.tok_per_s / base:>7.3f} {r.tok_per_s / phase:>8.3f} "
+              f"{r.tok_per_s / oracle:>9.3f} {r.tok_per_s / hindsight:>12.3f} {acc:>7.1f}% {r.verified / r.steps:>7.2f}")
 
 
 def main() -> None:
@@ -43,11 +47,13 @@ def main() -> None:
     ap.add_argument("--trace", action="append", default=[], help="JSONL trace file (repeatable)")
     args = ap.parse_args()
     cost = CostModel.from_arguments(args)
-    print(f"cost model: T(k) = {cost.t0_ms} + {cost.draft_ms}*[drafting] + {cost.verify_ms}*k ms")
+    print(f"cost model: T(k) = {cost.t0_ms} + {cost.draft_ms}*[drafting] + "
+          f"({cost.verify_ms} + {cost.draft_token_ms})*k ms")
     traces = {
         "seed-like (reasoning 40 %, answer 90 % at k=2)": seed_like_trace(args.requests),
         "bimodal reasoning (easy/hard stretches)": bimodal_trace(args.requests),
         "drifting acceptance": drifting_trace(args.requests),
+        "drift: 100 % then 0 % within reasoning": drift_trace(args.requests),
     }
     for path in args.trace:
         traces[f"recorded: {path}"] = load_trace(path)

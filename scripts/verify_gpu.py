@@ -80,7 +80,7 @@ def child(args: argparse.Namespace, dynamic: bool, out_path: str) -> None:
                        chat_template_kwargs={"thinking": True, "enable_thinking": True}, use_tqdm=False)
     phases = None
     if dynamic:
-        from dspark_dynamic.patches.scheduler import latest_controller
+        from dspark_dynamic.adapter.patches.scheduler import latest_controller
 
         hook = latest_controller()
         phases = hook.controller.stats.snapshot() if hook else None

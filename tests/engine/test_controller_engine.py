@@ -21,6 +21,13 @@ DEPTHS = {"reasoning_depth": 1, "answer_depth": 2}
 NGRAM_SPEC = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
 
 
+def assert_answer_depth_2(depth_counts, crossings):
+    """Depth 2 in the answer, except for at most one step per request that crossed </think>:
+    that step's drafts were asked for while the request still reasoned (one draft)."""
+    assert set(depth_counts) <= {"1", "2"} and depth_counts["2"] > 10
+    assert depth_counts.get("1", 0) <= crossings
+
+
 def outputs(report):
     return [b["outputs"] for b in report["batches"]]
 
@@ -105,14 +112,18 @@ def test_controller_counts_agree_with_vllm(oracle_ctl, phase_ctl):
         assert sum(p["accepted"] for p in phases.values()) == last["vllm"]["vllm:spec_decode_num_accepted_tokens"]
         assert sum(p["steps"] for p in phases.values()) == last["vllm"]["vllm:spec_decode_num_drafts"]
         assert set(phases["reasoning"]["depth_counts"]) == {"1"}
-        assert set(phases["answer"]["depth_counts"]) == {"2"}
+        assert_answer_depth_2(phases["answer"]["depth_counts"], crossings=2)
 
 
 def test_trace_rows_follow_the_phase(oracle_ctl):
     rows = [r for r in oracle_ctl["trace"] if "phase" in r]
     assert {r["k"] for r in rows if r["phase"] == "reasoning"} == {1}
-    assert {r["k"] for r in rows if r["phase"] == "answer"} == {2}
-    assert any(r.get("step_s") for r in oracle_ctl["trace"])
+    answer_k = [r["k"] for r in rows if r["phase"] == "answer"]
+    assert_answer_depth_2({str(k): answer_k.count(k) for k in set(answer_k)}, crossings=2)
+    steps = [r for r in oracle_ctl["trace"] if "step_s" in r]
+    assert steps and all(r["step_s"] > 0 for r in steps)
+    # the drafter was asked for the deepest planned depth: 1 while only reasoning, 2 in the answer
+    assert {r["draft_depth"] for r in steps if r["decode_only"]} == {1, 2}
 
 
 def test_phase_draft_outputs_identical_to_plain(plain, phase_fixed, phase_ctl):
@@ -163,7 +174,7 @@ def test_many_aborted_requests_leave_no_state(engine, target):
 
 
 def test_adaptive_policy_in_the_engine(engine, target, phase_draft, plain, phase_ctl):
-    from dspark_dynamic.simulate import CostModel, modeled_tok_per_s
+    from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
 
     cost = CostModel(75.0, 3.0, 37.75)
     spec = {
@@ -201,5 +212,5 @@ def test_preemption_and_chunked_prefill(engine, target):
     assert b["outputs"] == [SCRIPT.expected_output(thinking=True)] * 5
     assert b["vllm"]["vllm:num_preemptions"] > 0  # the tight cache really preempted
     assert set(b["phases"]["reasoning"]["depth_counts"]) == {"1"}
-    assert set(b["phases"]["answer"]["depth_counts"]) == {"2"}
+    assert_answer_depth_2(b["phases"]["answer"]["depth_counts"], crossings=5)
     assert b["live_states"] == 0

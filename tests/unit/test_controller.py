@@ -1,6 +1,6 @@
-from dspark_dynamic.controller import DepthController
-from dspark_dynamic.phase import Phase, PhaseRules
-from dspark_dynamic.policy import BatchDepth, PhasePolicy
+from dspark_dynamic.core.controller import DepthController
+from dspark_dynamic.core.phase import Phase, PhaseRules
+from dspark_dynamic.core.policy import BatchDepth, PhasePolicy
 from dspark_dynamic.testing.fakes import FakeRequest
 
 S, E = 5, 6
@@ -65,24 +65,28 @@ def test_fewer_drafts_than_depth_are_left_alone():
     assert req.spec_token_ids == [4]
 
 
-def test_after_output_counts_like_vllm():
+def test_after_output_counts_what_vllm_counted():
     ctl = make()
     a = FakeRequest("a", [S], spec_token_ids=[1, 2])
     b = FakeRequest("b", [E], spec_token_ids=[1, 2])
     c = FakeRequest("c", [E])  # no drafts this step (e.g. ngram found none)
-    decisions = ctl.before_schedule([a, b, c])
-    scheduled = {"a": a.spec_token_ids, "b": b.spec_token_ids}
-    ctl.after_output(decisions, {"a": 2, "b": 2, "c": 1}, scheduled)
+    d = FakeRequest("d", [E], spec_token_ids=[1, 2])  # aborted while the step ran
+    decisions = ctl.before_schedule([a, b, c, d])
+    counted = {"a": (1, 1), "b": (2, 1)}  # vLLM's spec-decode stats: (verified, accepted)
+    ctl.after_output(decisions, counted, {"a": 2, "b": 2, "c": 1})
     r, ans = ctl.stats.totals[Phase.REASONING], ctl.stats.totals[Phase.ANSWER]
     assert (r.steps, r.verified, r.accepted, r.tokens) == (1, 1, 1, 2)
     assert (ans.steps, ans.verified, ans.accepted, ans.tokens) == (1, 2, 1, 3)
     assert ans.accepted_per_pos == [1, 0]
 
 
-def test_generated_counts_are_read_by_index():
-    decisions = {"a": (Phase.ANSWER, 2), "gone": (Phase.ANSWER, 2)}
-    counts = DepthController.generated_counts(decisions, [[1], [1, 2, 3]], {"a": 1})
-    assert counts == {"a": 3}
+def test_a_stop_token_cuts_tokens_but_not_what_was_verified():
+    ctl = make()
+    a = FakeRequest("a", [E], spec_token_ids=[1, 2])
+    decisions = ctl.before_schedule([a])
+    ctl.after_output(decisions, {"a": (2, 2)}, {"a": 1})  # 3 sampled, cut after the first (stop)
+    ans = ctl.stats.totals[Phase.ANSWER]
+    assert (ans.verified, ans.accepted, ans.tokens) == (2, 2, 1)
 
 
 def test_forget_and_prune_release_state():
@@ -93,3 +97,72 @@ def test_forget_and_prune_release_state():
     ctl.forget("0")
     ctl.prune({"1": None, "2": None})
     assert set(ctl.states) == {"1", "2"}
+
+
+class RecordingPolicy(PhasePolicy):
+    """The phase policy, remembering every depth() call and every observed step."""
+
+    def __init__(self, reasoning, answer):
+        super().__init__(reasoning, answer)
+        self.calls, self.steps = [], []
+
+    def depth(self, phase, request_id=None):
+        self.calls.append((phase, request_id))
+        return super().depth(phase, request_id)
+
+    def observe_step(self, seconds, verified_tokens, num_requests, draft_depth):
+        self.steps.append((seconds, verified_tokens, num_requests, draft_depth))
+
+
+def test_plan_drafts_returns_the_deepest_next_depth():
+    ctl = make()
+    thinking, answering = FakeRequest("a", [1, S]), FakeRequest("b", [1, E])
+    assert ctl.plan_drafts([thinking]) == 1  # only reasoning requests: draft one
+    assert ctl.plan_drafts([thinking, answering]) == 2
+    assert ctl.plan_drafts([]) is None
+    assert make(batch=BatchDepth.MIN).plan_drafts([thinking, answering]) == 1
+
+
+def test_the_next_step_uses_its_plan_unless_the_phase_changed():
+    policy = RecordingPolicy(1, 2)
+    ctl = DepthController(RULES, policy)
+    req = FakeRequest("a", [1, S])
+    ctl.plan_drafts([req])
+    req.spec_token_ids = [7]
+    assert ctl.before_schedule([req]) == {"a": (Phase.REASONING, 1)}
+    assert len(policy.calls) == 1  # the plan was used, not a second decision
+    ctl.plan_drafts([req])
+    req.output_token_ids += [E]  # </think> committed after the plan was made
+    req.spec_token_ids = [7]
+    assert ctl.before_schedule([req]) == {"a": (Phase.ANSWER, 1)}  # re-decided: 2, but 1 was drafted
+    assert policy.calls[-1] == (Phase.ANSWER, "a")
+
+
+def test_a_depth_zero_plan_without_drafts_is_a_depth_zero_step():
+    ctl = make(reasoning=0)
+    req, other = FakeRequest("a", [1, S]), FakeRequest("b", [1, E])
+    assert ctl.plan_drafts([req]) == 0  # the drafter is asked for nothing
+    decisions = ctl.before_schedule([req, other])  # "b" has no plan and no drafts: none offered
+    assert decisions == {"a": (Phase.REASONING, 0), "b": (Phase.ANSWER, -1)}
+    ctl.after_output(decisions, {}, {"a": 1, "b": 1})
+    assert ctl.stats.totals[Phase.REASONING].zero_depth_steps == 1
+    assert ctl.stats.totals[Phase.ANSWER].zero_depth_steps == 0
+
+
+def test_only_decode_only_steps_reach_the_cost_model():
+    from dspark_dynamic.core.controller import StepTiming
+
+    policy = RecordingPolicy(1, 2)
+    ctl = DepthController(RULES, policy)
+    a = FakeRequest("a", [S], spec_token_ids=[1, 2])
+    decisions = ctl.before_schedule([a])
+    ctl.after_output(decisions, {"a": (1, 1)}, {"a": 2}, step=StepTiming(0.5, False, 2, 1))  # a prefill rode along
+    ctl.after_output(decisions, {"a": (1, 1)}, {"a": 2}, step=StepTiming(0.02, True, 1, 1))
+    assert policy.steps == [(0.02, 1, 1, 1)]
+
+
+def test_forget_drops_plans():
+    ctl = make()
+    ctl.plan_drafts([FakeRequest("a", [S])])
+    ctl.forget("a")
+    assert ctl.plans == {} and ctl.states == {}

@@ -2,9 +2,9 @@ import os
 
 import pytest
 
-from dspark_dynamic.markers import resolve_markers, single_token_id
-from dspark_dynamic.options import DynamicDepthConfigError, parse_options
-from dspark_dynamic.phase import Phase
+from dspark_dynamic.adapter.markers import resolve_markers, single_token_id
+from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options
+from dspark_dynamic.core.phase import Phase
 
 
 class VocabTokenizer:

@@ -1,6 +1,6 @@
 import pytest
 
-from dspark_dynamic.options import (
+from dspark_dynamic.core.options import (
     DynamicDepthConfigError,
     parse_options,
     split_alias,

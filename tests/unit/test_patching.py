@@ -3,7 +3,7 @@ import types
 
 import pytest
 
-from dspark_dynamic.patching import Patch, PatchTargetError, on_import
+from dspark_dynamic.adapter.patching import Patch, PatchTargetError, on_import
 
 
 def _module(name):

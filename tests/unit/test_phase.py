@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from dspark_dynamic.phase import Phase, PhaseRules, RequestPhase
+from dspark_dynamic.core.phase import Phase, PhaseRules, RequestPhase
 
 S, E, DSML = 128821, 128822, 128825
 RULES = PhaseRules.of([S], [E, DSML])

@@ -1,7 +1,7 @@
 import pytest
 
-from dspark_dynamic.phase import Phase
-from dspark_dynamic.policy import BatchDepth, PhasePolicy, apply_batch_depth
+from dspark_dynamic.core.phase import Phase
+from dspark_dynamic.core.policy import BatchDepth, PhasePolicy, apply_batch_depth
 
 
 def test_phase_policy_depths():

@@ -1,8 +1,8 @@
 import io
 import json
 
-from dspark_dynamic.phase import Phase
-from dspark_dynamic.stats import PhaseStats
+from dspark_dynamic.core.phase import Phase
+from dspark_dynamic.core.stats import PhaseStats
 
 
 def test_interval_lines_report_deltas_per_phase():
@@ -24,8 +24,8 @@ def test_trace_jsonl():
     buf = io.StringIO()
     stats = PhaseStats(trace=buf)
     stats.record(Phase.ANSWER, 2, 1, 2, "req-1")
-    stats.record_step_time(0.01, 3, 2)
+    stats.record_step_time(0.01, 3, 2, 1, False)
     rows = [json.loads(line) for line in buf.getvalue().splitlines()]
     assert rows[0] | {"t": 0} == {"t": 0, "req": "req-1", "phase": "answer", "k": 2, "accepted": 1, "tokens": 2}
-    assert rows[1] == {"step_s": 0.01, "verified_tokens": 3, "reqs": 2}
+    assert rows[1] == {"step_s": 0.01, "verified_tokens": 3, "reqs": 2, "draft_depth": 1, "decode_only": False}
     assert stats.snapshot()["answer"]["accepted_per_pos"] == [1, 0]

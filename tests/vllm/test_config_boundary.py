@@ -6,8 +6,8 @@ pytest.importorskip("vllm")
 
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
-from dspark_dynamic.options import DynamicDepthConfigError  # noqa: E402
-from dspark_dynamic.patches.config_alias import rewrite_alias  # noqa: E402
+from dspark_dynamic.core.options import DynamicDepthConfigError  # noqa: E402
+from dspark_dynamic.adapter.patches.config_alias import rewrite_alias  # noqa: E402
 from dspark_dynamic.testing.tiny_models import build_target  # noqa: E402
 
 
@@ -79,6 +79,9 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
         (NGRAM, {"think_start_token": "<|user|>", "think_end_token": "<|user|>"}, "same token"),
         (None, {"reasoning_depth": 1}, "num_speculative_tokens"),
         (NGRAM, "not a dict", "dspark_dynamic"),
+        (NGRAM, {"trace_path": "/no/such/dir/trace.jsonl"}, "trace_path"),
+        (NGRAM, {"bound_drafts": "yes"}, "bound_drafts"),
+        (NGRAM, {"adaptive": {"draft_token_cost_ratio": -1}}, "adaptive.draft_token_cost_ratio"),
     ],
 )
 def test_bad_configs_fail_before_the_engine_starts(model, spec, options, key):
@@ -113,7 +116,7 @@ def test_unconfigured_plugin_leaves_config_alone(model):
 def test_adaptive_policy_refused_with_vllms_adaptive_verification(model):
     from types import SimpleNamespace
 
-    from dspark_dynamic.patches.config_alias import validate
+    from dspark_dynamic.adapter.patches.config_alias import validate
 
     args = engine_args(model, None, {"dspark_dynamic": {"policy": "adaptive"}})
     spec = SimpleNamespace(method="ngram", num_speculative_tokens=2, enable_adaptive_verification=True)

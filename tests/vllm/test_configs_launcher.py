@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dspark_dynamic.options import parse_options  # noqa: E402
-from dspark_dynamic.patches.config_alias import rewrite_alias  # noqa: E402
+from dspark_dynamic.core.options import parse_options  # noqa: E402
+from dspark_dynamic.adapter.patches.config_alias import rewrite_alias  # noqa: E402
 from dspark_dynamic.tools.launch import LaunchError, read_env_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,8 @@ def test_lvllm_env_file():
     env = read_env_file(str(ROOT / "configs" / "deepseek-v4-flash-lvllm.env"))
     assert env["LVLLM_MOE_NUMA_ENABLED"] == "1"
     assert env["LVLLM_GPU_RESIDENT_MOE_LAYERS"] == "0,1"
-    assert "LK_THREADS" in env and "dspark_dynamic" in env["VLLM_PLUGINS"]
+    assert "LK_THREADS" in env
+    assert "VLLM_PLUGINS" not in env  # never narrow the user's plugins (the fork registers its own)
 
 
 def test_env_file_errors_are_clear(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 cg = pytest.importorskip("vllm.v1.worker.gpu.cudagraph_utils")
 from vllm.config import CUDAGraphMode  # noqa: E402
 
-from dspark_dynamic.patches import cudagraph  # noqa: E402
+from dspark_dynamic.adapter.patches import cudagraph  # noqa: E402
 
 PATCH = cudagraph.PATCHES[0]
 

@@ -38,7 +38,7 @@ def test_vllm_plugins_filter_excludes_it():
 
 
 def test_register_is_idempotent_and_never_raises(monkeypatch):
-    import dspark_dynamic.plugin as plugin
+    import dspark_dynamic.adapter.plugin as plugin
 
     plugin.register()
     before = plugin.status()
@@ -54,7 +54,7 @@ def test_register_is_idempotent_and_never_raises(monkeypatch):
 
 
 def test_require_vllm_reports_version():
-    from dspark_dynamic.plugin import require_vllm
+    from dspark_dynamic.adapter.plugin import require_vllm
 
     assert require_vllm()
 
@@ -82,6 +82,6 @@ def test_gpu_verification_script_refuses_clearly_without_a_gpu():
 
 
 def test_every_patch_target_exists_in_this_vllm():
-    from dspark_dynamic.patches.check import problems
+    from dspark_dynamic.adapter.patches.check import problems
 
     assert problems() == {name: None for name in problems()}

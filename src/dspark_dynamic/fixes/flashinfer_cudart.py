@@ -39,7 +39,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dspark_dynamic.patching import find_spec_with_wrapped_loader
+from dspark_dynamic.adapter.patching import find_spec_with_wrapped_loader
 
 logger = logging.getLogger("vllm.dspark_dynamic")
 

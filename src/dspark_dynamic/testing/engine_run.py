@@ -3,7 +3,9 @@
     python -m dspark_dynamic.testing.engine_run SPEC.json OUT.json
 
 SPEC: {"model": path, "speculative_config": {...} | null, "additional_config": {...} | null,
-       "batches": [[{"prompt_ids": [...], "max_tokens": N}, ...], ...], "engine": {extra LLM kwargs}}
+       "batches": [[{"prompt_ids": [...], "max_tokens": N, ...sampling params}, ...], ...],
+       "engine": {extra LLM kwargs}, "abort_storm": {...} (optional),
+       "verifier": "reference" | "blind" (optional: patch vLLM's rejection sampler, tests only)}
 Each batch is one ``LLM.generate`` call; vLLM's spec-decode counters and the controller's
 per-phase totals are reported after every batch (cumulative), so callers can take differences.
 Tests run it in a subprocess: every engine gets a fresh process.
@@ -72,9 +74,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("additional_config"):
         kwargs["additional_config"] = spec["additional_config"]
     kwargs.update(spec.get("engine", {}))
+    if spec.get("verifier"):  # tests: a reference verifier instead of vLLM's (see reference_sampler)
+        from dspark_dynamic.testing import reference_sampler
+
+        reference_sampler.install(spec["verifier"], int(spec.get("verifier_seed", 0)))
     llm = LLM(**kwargs)
     init_s = time.monotonic() - t0
-    from dspark_dynamic.patches.scheduler import latest_controller
+    from dspark_dynamic.adapter.patches.scheduler import latest_controller
 
     report: dict[str, Any] = {"init_s": init_s, "batches": []}
     if hook := latest_controller():
@@ -83,7 +89,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in batch]
         params = [
             SamplingParams(temperature=r.get("temperature", 0.0), max_tokens=r.get("max_tokens", 256),
-                           n=r.get("n", 1), seed=r.get("seed"))
+                           n=r.get("n", 1), seed=r.get("seed"), stop=r.get("stop"),
+                           stop_token_ids=r.get("stop_token_ids"), ignore_eos=r.get("ignore_eos", False))
             for r in batch
         ]
         t = time.monotonic()
@@ -107,11 +114,19 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def abort_storm(llm: Any, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Many short requests through the engine's step API, aborting some mid-flight."""
+    """Many short requests through the engine's step API, aborting some mid-flight.
+
+    Between steps, every third step aborts a quarter of the live requests (as a client would).
+    With ``in_flight``, every fourth step also aborts a quarter of the requests whose drafts are being
+    verified *while that step runs*: they are finished in the engine core after the step was
+    scheduled and before its output is processed (what a client disconnect does to a step on the
+    worker); the front end is told right after the step.
+    """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.v1.request import RequestStatus
 
-    from dspark_dynamic.patches.scheduler import latest_controller
+    from dspark_dynamic.adapter.patches.scheduler import latest_controller
 
     engine = llm.llm_engine
     n = int(cfg.get("requests", 1000))
@@ -123,26 +138,46 @@ def abort_storm(llm: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     hook = latest_controller()
     peak = 0
     finished = set()
-    aborted: list[str] = []
+    aborted: set[str] = set()
+    in_flight: set[str] = set()  # engine-core (internal) request ids
+    told: set[str] = set()
     steps = 0
+    if cfg.get("in_flight"):
+        scheduler = engine.engine_core.engine_core.scheduler
+        update = scheduler.update_from_output
+
+        def update_with_aborts(scheduler_output: Any, model_runner_output: Any, *a: Any, **k: Any) -> Any:
+            if steps % 4 == 2:
+                victims = sorted(scheduler_output.scheduled_spec_decode_tokens)[::4]
+                scheduler.finish_requests(victims, RequestStatus.FINISHED_ABORTED)
+                in_flight.update(victims)
+            return update(scheduler_output, model_runner_output, *a, **k)
+
+        scheduler.update_from_output = update_with_aborts
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 finished.add(out.request_id)
         steps += 1
+        if in_flight - told:  # the front end hears of the engine core's aborts (internal ids)
+            engine.abort_request(sorted(in_flight - told), internal=True)
+            told |= in_flight
         peak = max(peak, len(hook.controller.states) if hook else 0)
         if steps % 3 == 1:  # abort every other request still in flight
             live = [rid for rid in ids if rid not in finished and rid not in aborted]
             batch = live[::2][: max(1, len(live) // 4)]
             engine.abort_request(batch)
-            aborted.extend(batch)
+            aborted.update(batch)
     return {
         "requests": n,
         "aborted": len(aborted),
+        "aborted_in_flight": len(in_flight),
         "finished": len(finished),
         "steps": steps,
         "peak_states": peak,
         "live_states": len(hook.controller.states) if hook else None,
+        "vllm": spec_counters(llm),
+        "phases": hook.controller.stats.snapshot() if hook else None,
     }
 
 

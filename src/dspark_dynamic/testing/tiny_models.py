@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -143,43 +144,60 @@ def _write_tokenizer(out: Path, script: Script) -> None:
     )
 
 
-def _write_model(out: Path, transitions: dict[int, int], seed: int) -> None:
+def chain_tensors(transitions: dict[int, int] | list[tuple[int, int]], seed: int) -> tuple[dict, "object"]:
+    """Embedding, final norm and lm_head of a chain model, plus the generator for the rest.
+
+    ``transitions``: source -> successor, or (source, successor) pairs; a source with several
+    successors gives each the same logit (a fair branch).  A successor's logit is 30, every
+    other one |cos| * 30 <~ 11: even temperature-1 sampling follows the transitions (a token that
+    is no successor has probability < 1e-6 per step).
+    """
     import torch
-    from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(seed)
     embed = torch.randn(VOCAB_SIZE, HIDDEN, generator=g)
     unit = embed / embed.norm(dim=1, keepdim=True)
-    # correct successor logit 30, others |cos|*30 <~ 11: even temperature-1 sampling follows the
-    # script (a wrong token has probability < 1e-6 per step)
     scale = 30.0 / HIDDEN**0.5
     lm_head = torch.zeros(VOCAB_SIZE, HIDDEN)
-    for src, dst in transitions.items():
+    pairs = transitions.items() if isinstance(transitions, dict) else transitions
+    for src, dst in pairs:
         lm_head[dst] += unit[src] * scale
-    inter = HIDDEN
+    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(HIDDEN), "lm_head.weight": lm_head}
+    return tensors, g
+
+
+def silent_attention(layer: int, g) -> dict:
+    """One decoder layer's attention and norms; ``o_proj`` is zero, so it adds nothing."""
+    import torch
+
     small = lambda *shape: torch.randn(*shape, generator=g) * 0.02  # noqa: E731
-    tensors = {
-        "model.embed_tokens.weight": embed,
-        "model.layers.0.self_attn.q_proj.weight": small(HIDDEN, HIDDEN),
-        "model.layers.0.self_attn.k_proj.weight": small(HIDDEN, HIDDEN),
-        "model.layers.0.self_attn.v_proj.weight": small(HIDDEN, HIDDEN),
-        "model.layers.0.self_attn.o_proj.weight": torch.zeros(HIDDEN, HIDDEN),
-        "model.layers.0.mlp.gate_proj.weight": small(inter, HIDDEN),
-        "model.layers.0.mlp.up_proj.weight": small(inter, HIDDEN),
-        "model.layers.0.mlp.down_proj.weight": torch.zeros(HIDDEN, inter),
-        "model.layers.0.input_layernorm.weight": torch.ones(HIDDEN),
-        "model.layers.0.post_attention_layernorm.weight": torch.ones(HIDDEN),
-        "model.norm.weight": torch.ones(HIDDEN),
-        "lm_head.weight": lm_head,
+    p = f"model.layers.{layer}."
+    return {
+        p + "self_attn.q_proj.weight": small(HIDDEN, HIDDEN),
+        p + "self_attn.k_proj.weight": small(HIDDEN, HIDDEN),
+        p + "self_attn.v_proj.weight": small(HIDDEN, HIDDEN),
+        p + "self_attn.o_proj.weight": torch.zeros(HIDDEN, HIDDEN),
+        p + "input_layernorm.weight": torch.ones(HIDDEN),
+        p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
     }
+
+
+def save_model(out: Path, tensors: dict, config: dict) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+
+
+def base_config(architecture: str, model_type: str, layers: int) -> dict:
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
         "vocab_size": VOCAB_SIZE,
         "hidden_size": HIDDEN,
-        "intermediate_size": inter,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": layers,
         "num_attention_heads": HIDDEN // HEAD_DIM,
         "num_key_value_heads": HIDDEN // HEAD_DIM,
         "head_dim": HEAD_DIM,
@@ -193,11 +211,23 @@ def _write_model(out: Path, transitions: dict[int, int], seed: int) -> None:
         "pad_token_id": 2,
         "torch_dtype": "bfloat16",
     }
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
 
 
-def _build(kind: str, spec: dict, transitions: dict[int, int], script: Script) -> Path:
+def _write_model(out: Path, transitions: dict[int, int] | list[tuple[int, int]], seed: int) -> None:
+    """A 1-layer Llama: attention and MLP write nothing (o_proj, down_proj zero)."""
+    import torch
+
+    tensors, g = chain_tensors(transitions, seed)
+    tensors.update(silent_attention(0, g))
+    inter = HIDDEN
+    tensors["model.layers.0.mlp.gate_proj.weight"] = torch.randn(inter, HIDDEN, generator=g) * 0.02
+    tensors["model.layers.0.mlp.up_proj.weight"] = torch.randn(inter, HIDDEN, generator=g) * 0.02
+    tensors["model.layers.0.mlp.down_proj.weight"] = torch.zeros(HIDDEN, inter)
+    save_model(out, tensors, {**base_config("LlamaForCausalLM", "llama", 1), "intermediate_size": inter})
+
+
+def build_cached(kind: str, spec: dict, script: Script, write: Callable[[Path], None]) -> Path:
+    """Build a model once into the content-addressed cache (``write(tmpdir)`` writes its weights)."""
     key = hashlib.sha256(json.dumps({"v": BUILDER_VERSION, "kind": kind, **spec}, sort_keys=True).encode())
     target = cache_root() / f"{kind}-{key.hexdigest()[:12]}"
     if (target / "model.safetensors").exists():
@@ -206,7 +236,7 @@ def _build(kind: str, spec: dict, transitions: dict[int, int], script: Script) -
     tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=target.parent))
     try:
         _write_tokenizer(tmp, script)
-        _write_model(tmp, transitions, seed=int(spec.get("seed", 0)))
+        write(tmp)
         (tmp / "dspark_dynamic_tiny.json").write_text(json.dumps({"kind": kind, **spec}, indent=1))
         try:
             tmp.rename(target)
@@ -220,7 +250,8 @@ def _build(kind: str, spec: dict, transitions: dict[int, int], script: Script) -
 
 def build_target(script: Script = Script()) -> Path:
     """The deterministic target (also the oracle draft: identical weights)."""
-    return _build("target", {"script": asdict(script), "seed": 0}, script.successor(), script)
+    return build_cached("target", {"script": asdict(script), "seed": 0}, script,
+                        lambda out: _write_model(out, script.successor(), seed=0))
 
 
 def phase_draft_transitions(
@@ -244,7 +275,8 @@ def build_phase_draft(
 ) -> Path:
     """A draft right on ~``reasoning_hit`` of reasoning steps and ~``answer_hit`` of answer steps."""
     spec = {"script": asdict(script), "reasoning_hit": reasoning_hit, "answer_hit": answer_hit, "seed": 0, "draft_seed": seed}
-    return _build("phase-draft", spec, phase_draft_transitions(script, reasoning_hit, answer_hit, seed), script)
+    table = phase_draft_transitions(script, reasoning_hit, answer_hit, seed)
+    return build_cached("phase-draft", spec, script, lambda out: _write_model(out, table, seed=0))
 
 
 def prompt_ids(script: Script = Script(), thinking: bool = True, words: int = 6) -> list[int]:

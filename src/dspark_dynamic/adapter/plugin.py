@@ -19,7 +19,9 @@ _registered_pid: int | None = None
 
 
 def all_patches() -> tuple:
-    from dspark_dynamic.patches import config_alias, cudagraph, scheduler
+    """Every patch, in the order a request meets them: argument parsing (API server or ``LLM``),
+    then the engine core's scheduler, then the GPU worker."""
+    from dspark_dynamic.adapter.patches import config_alias, cudagraph, scheduler
 
     return config_alias.PATCHES + scheduler.PATCHES + cudagraph.PATCHES
 
@@ -36,12 +38,6 @@ def register() -> None:
             patch.when_imported()
     except Exception:  # never raise into vLLM's plugin loader
         logger.exception("dspark_dynamic: registering patches failed")
-    try:
-        from dspark_dynamic.metrics import ensure_metrics_dir
-
-        ensure_metrics_dir()  # inherited by the engine processes this one starts
-    except Exception:
-        logger.exception("dspark_dynamic: metrics directory setup failed")
     try:
         from dspark_dynamic.fixes import flashinfer_cudart
 

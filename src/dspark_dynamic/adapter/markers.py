@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dspark_dynamic.options import DynamicDepthConfigError, DynamicDepthOptions
-from dspark_dynamic.phase import PhaseRules
+from dspark_dynamic.core.options import DynamicDepthConfigError, DynamicDepthOptions
+from dspark_dynamic.core.phase import PhaseRules
 
 logger = logging.getLogger("vllm.dspark_dynamic")
 

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Sequence
 from typing import Protocol
 
-from dspark_dynamic.phase import Phase
+from dspark_dynamic.core.phase import Phase
 
 
 class BatchDepth(str, enum.Enum):
@@ -37,7 +37,8 @@ class DepthPolicy(Protocol):
 
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None: ...
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int) -> None: ...
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
+        """A decode-only step's busy time, drafts verified, requests and drafts asked per request."""
 
     def forget(self, request_id: str) -> None: ...
 
@@ -56,7 +57,7 @@ class PhasePolicy:
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
         return None
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int) -> None:
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
         return None
 
     def forget(self, request_id: str) -> None:

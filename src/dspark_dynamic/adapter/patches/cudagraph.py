@@ -24,9 +24,9 @@ import functools
 import logging
 from typing import Any
 
-from dspark_dynamic.configure import raw_options
-from dspark_dynamic.options import parse_options
-from dspark_dynamic.patching import Patch
+from dspark_dynamic.adapter.build import raw_options
+from dspark_dynamic.core.options import parse_options
+from dspark_dynamic.adapter.patching import Patch, Where
 
 logger = logging.getLogger("vllm.dspark_dynamic")
 
@@ -153,5 +153,14 @@ PATCHES = (
         "ModelCudaGraphManager._init_candidates",
         _init_candidates,
         why="FULL decode graphs for every verify length 1+k the controller can choose",
+        process="GPU worker (Model Runner V2)",
+        where=Where(
+            "v1/worker/gpu/cudagraph_utils.py:147 (base), class :331; candidates: a list indexed by "
+            "num_tokens, lists shared per bucket",
+            "v1/worker/gpu/cudagraph_utils.py:251; candidates: dict[(num_tokens, loras)]",
+            "v1/worker/gpu/cudagraph_utils.py:256; with adaptive verification vLLM captures varlen "
+            "graphs itself and the patch adds nothing",
+        ),
+        removable_when="vLLM captures graphs per verify length (its dynamic SD does so for batch-size schedules only)",
     ),
 )

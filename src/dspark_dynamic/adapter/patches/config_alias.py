@@ -17,9 +17,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from dspark_dynamic.configure import resolve_options
-from dspark_dynamic.options import ALIAS_METHOD, CONFIG_KEY, DynamicDepthConfigError, split_alias
-from dspark_dynamic.patching import Patch
+from dspark_dynamic.adapter.build import resolve_options
+from dspark_dynamic.adapter.metrics import metrics_dir
+from dspark_dynamic.core.options import ALIAS_METHOD, CONFIG_KEY, DynamicDepthConfigError, split_alias
+from dspark_dynamic.adapter.patching import Patch, Where
 
 MODULE = "vllm.engine.arg_utils"
 # Speculative methods whose target runs on Model Runner V2 with FULL decode CUDA graphs.
@@ -65,26 +66,21 @@ def validate(engine_args: Any, speculative_config: Any, target_model_config: Any
     additional = engine_args.additional_config
     if not isinstance(additional, dict) or CONFIG_KEY not in additional:
         return
-    from dspark_dynamic.patches import cudagraph, scheduler
+    from dspark_dynamic.adapter.patches import cudagraph, scheduler
 
     needed = list(scheduler.PATCHES)
     if getattr(speculative_config, "method", None) in MODEL_RUNNER_V2_METHODS:
         needed += cudagraph.PATCHES  # its verify lengths need their own CUDA graphs
     for patch in needed:  # fail here, loudly, if this vLLM lacks a patch point
         patch.apply(strict=True)
-    options, _ = resolve_options(
+    options, _ = resolve_options(  # the builder's validating half: bad input fails here
         additional[CONFIG_KEY],
-        getattr(speculative_config, "num_speculative_tokens", None),
+        speculative_config,
         getattr(engine_args, "reasoning_parser", None) or None,
         target_model_config,
     )
-    if getattr(speculative_config, "enable_adaptive_verification", False) and options.policy == "adaptive":
-        raise DynamicDepthConfigError(
-            "dspark_dynamic: invalid option 'policy'='adaptive' together with vLLM's "
-            "enable_adaptive_verification; allowed: policy 'phase' (it caps, per phase, the drafts "
-            "adaptive verification may admit), or turn enable_adaptive_verification off"
-        )
     engine_args.additional_config = {**additional, CONFIG_KEY: options.to_dict()}
+    metrics_dir()  # a private snapshot directory, inherited by the engine processes started next
 
 
 def _create_speculative_config(original):
@@ -106,5 +102,9 @@ PATCHES = (
         _create_speculative_config,
         params=("target_model_config",),
         why="method alias dspark_dynamic -> dspark; validate options before the engine starts",
+        process="argument parsing (API server / LLM)",
+        where=Where("engine/arg_utils.py:1669 (called :2024)", "engine/arg_utils.py:2060 (called :2594)",
+                    "engine/arg_utils.py:2100 (called :2635)"),
+        removable_when="vLLM accepts per-phase depth options in SpeculativeConfig",
     ),
 )

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from dspark_dynamic.adaptive import AdaptivePolicy, expected_tokens
-from dspark_dynamic.phase import Phase
-from dspark_dynamic.policy import PhasePolicy
+from dspark_dynamic.core.adaptive import AdaptivePolicy, expected_tokens
+from dspark_dynamic.core.phase import Phase
+from dspark_dynamic.core.policy import PhasePolicy
 
 Position = tuple[Phase, int, tuple[float, ...]]
 Trace = list[list[Position]]
@@ -33,23 +33,31 @@ MAX_L = 6
 
 @dataclass(frozen=True)
 class CostModel:
+    """T(k) = T0 + c_draft + (d + c_token) * k ms; ``draft_token_ms`` (c_token) is 0 for a
+    parallel drafter (DSpark), the cost of one drafter forward for a sequential one."""
+
     t0_ms: float = 75.0
     draft_ms: float = 3.0
     verify_ms: float = 37.75
+    draft_token_ms: float = 0.0
 
     def step_ms(self, k: int, drafting: bool = True) -> float:
-        return self.t0_ms + (self.draft_ms if drafting else 0.0) + self.verify_ms * k
+        if not drafting:
+            return self.t0_ms + self.verify_ms * k
+        return self.t0_ms + self.draft_ms + (self.verify_ms + self.draft_token_ms) * k
 
     @staticmethod
     def add_arguments(parser: Any) -> None:
-        """--t0-ms / --draft-ms / --verify-ms (defaults: the seed box's fit)."""
+        """--t0-ms / --draft-ms / --verify-ms / --draft-token-ms (defaults: the seed box's fit)."""
         parser.add_argument("--t0-ms", type=float, default=75.0, help="plain decode step, ms")
         parser.add_argument("--draft-ms", type=float, default=3.0, help="running the drafter, ms")
         parser.add_argument("--verify-ms", type=float, default=37.75, help="one more verified token, ms")
+        parser.add_argument("--draft-token-ms", type=float, default=0.0,
+                            help="one more drafted position (0: parallel drafter such as DSpark)")
 
     @classmethod
     def from_arguments(cls, args: Any) -> "CostModel":
-        return cls(args.t0_ms, args.draft_ms, args.verify_ms)
+        return cls(args.t0_ms, args.draft_ms, args.verify_ms, args.draft_token_ms)
 
 
 def _position(rng: random.Random, phase: Phase, rates: tuple[float, ...]) -> Position:
@@ -121,6 +129,19 @@ def drifting_trace(requests: int = 20, seed: int = 2) -> Trace:
             (Phase.REASONING, 2000, lambda i: 0.8 - 0.6 * i / 2000),
             (Phase.ANSWER, 600, lambda i: 0.95 - 0.35 * i / 600),
         ],
+        requests,
+        seed,
+    )
+
+
+def drift_trace(requests: int = 20, seed: int = 4, reasoning: int = 2000, answer: int = 600) -> Trace:
+    """Every draft is accepted in the first half of the reasoning section, none in the second;
+    the answer is seed-like (p = 0.949).  A phase-level estimate averages the two halves, so only
+    a policy that follows each request's own recent record can approach the per-step oracle."""
+    half = reasoning // 2
+    return synthetic_trace(
+        [(Phase.REASONING, half, lambda i: 1.0), (Phase.REASONING, reasoning - half, lambda i: 0.0),
+         (Phase.ANSWER, answer, lambda i: 0.949)],
         requests,
         seed,
     )
@@ -233,6 +254,7 @@ def replay_adaptive(trace: Trace, cost: CostModel, n: int, reasoning_depth: int,
         {Phase.REASONING: min(reasoning_depth, n), Phase.ANSWER: min(answer_depth, n)},
         verify_cost_ratio=cost.verify_ms / cost.t0_ms,
         draft_cost_ratio=cost.draft_ms / cost.t0_ms,
+        draft_token_cost_ratio=cost.draft_token_ms / cost.t0_ms,
         learn_cost=False,
     )
     return replay(

@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from dspark_dynamic.phase import Phase
+from dspark_dynamic.core.phase import Phase
 
 REQUEST_WINDOW = 12.0  # steps a request's own estimate remembers
 REQUEST_BLEND = 2.0  # phase-estimate pseudo-observations in a request's estimate, at full persistence
@@ -117,48 +117,84 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return total
 
 
-def best_depth(rates: list[float], lo: int, hi: int, draft_ratio: float, verify_ratio: float) -> tuple[int, list[float]]:
-    """The k in [lo, hi] maximising tokens per unit cost, and every k's score."""
-    scores = [expected_tokens(rates, k) / (1.0 + draft_ratio + verify_ratio * k) for k in range(hi + 1)]
+def best_depth(rates: list[float], lo: int, hi: int, per_token: float) -> tuple[int, list[float]]:
+    """The k in [lo, hi] maximising tokens per unit cost, and every k's score.
+
+    ``per_token``: what one more verified (and drafted) draft adds to a step's cost, relative to
+    a step at depth 0 (see ``CostModel.per_token``).
+    """
+    scores = [expected_tokens(rates, k) / (1.0 + per_token * k) for k in range(hi + 1)]
     k = max(range(lo, hi + 1), key=lambda i: scores[i])
     return k, scores
 
 
 class StepCostModel:
-    """Fits step_seconds ~ t0 + d * verified_tokens online (RLS with forgetting)."""
+    """A step's cost, given (prior) or learned from measured engine-step times.
 
-    def __init__(self, forget: float = 0.995) -> None:
+    Given: in units of a plain one-request decode step, a step at depth k costs
+    ``1 + draft + (verify + draft_token) * k``: ``draft`` for running the drafter at all,
+    ``verify`` per verified token, ``draft_token`` per drafted position (0 for a parallel drafter
+    such as DSpark, whose one pass drafts every position; > 0 for a sequential one such as
+    draft_model or EAGLE, one forward per position).
+
+    Learned: step_seconds ~ t0 + t_req * requests + d * verified_tokens + c * draft_depth, by
+    recursive least squares with forgetting, on decode-only steps (the adapter excludes prefill
+    steps and idle time), with residuals clipped at a few mean absolute errors so that a stray
+    slow step on a shared machine does not drag the fit.  ``verified_tokens`` and
+    ``draft_depth`` move together when one request runs alone; only their sum is needed then.
+    """
+
+    FEATURES = 4
+    MIN_SAMPLES = 50
+    CLIP = 3.0
+
+    def __init__(self, verify: float, draft: float, draft_token: float = 0.0, learn: bool = True,
+                 forget: float = 0.995) -> None:
+        self.prior = (verify + draft_token) / (1.0 + draft)
+        self.learn = learn
         self.forget = forget
-        self.p = [[1e4, 0.0], [0.0, 1e4]]
-        self.theta = [0.0, 0.0]
+        self.p = [[1e4 if i == j else 0.0 for j in range(self.FEATURES)] for i in range(self.FEATURES)]
+        self.theta = [0.0] * self.FEATURES
         self.n = 0
-        self.v_min: float | None = None
-        self.v_max: float | None = None
+        self.abs_err = 0.0
+        self.requests = 1.0  # recent mean requests per step
+        self.depths: set[int] = set()  # verified drafts per request seen (rounded)
 
-    def update(self, seconds: float, verified_tokens: float) -> None:
-        x = (1.0, float(verified_tokens))
+    def update(self, seconds: float, verified_tokens: float, num_requests: int, draft_depth: int) -> None:
+        if not self.learn or num_requests <= 0 or seconds <= 0:
+            return
+        x = (1.0, float(num_requests), float(verified_tokens), float(max(draft_depth, 0)))
         p, lam = self.p, self.forget
-        px = [p[0][0] * x[0] + p[0][1] * x[1], p[1][0] * x[0] + p[1][1] * x[1]]
-        denom = lam + x[0] * px[0] + x[1] * px[1]
-        gain = [px[0] / denom, px[1] / denom]
-        err = seconds - (self.theta[0] * x[0] + self.theta[1] * x[1])
-        self.theta = [self.theta[0] + gain[0] * err, self.theta[1] + gain[1] * err]
-        self.p = [
-            [(p[0][0] - gain[0] * px[0]) / lam, (p[0][1] - gain[0] * px[1]) / lam],
-            [(p[1][0] - gain[1] * px[0]) / lam, (p[1][1] - gain[1] * px[1]) / lam],
-        ]
+        px = [sum(p[i][j] * x[j] for j in range(self.FEATURES)) for i in range(self.FEATURES)]
+        denom = lam + sum(x[i] * px[i] for i in range(self.FEATURES))
+        gain = [v / denom for v in px]
+        err = seconds - sum(t * xi for t, xi in zip(self.theta, x))
+        if self.n >= 20 and self.abs_err > 0:
+            bound = self.CLIP * self.abs_err
+            err = max(-bound, min(bound, err))
+        self.abs_err = abs(err) if self.n == 0 else 0.98 * self.abs_err + 0.02 * abs(err)
+        self.theta = [t + g * err for t, g in zip(self.theta, gain)]
+        self.p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(self.FEATURES)] for i in range(self.FEATURES)]
         self.n += 1
-        self.v_min = verified_tokens if self.v_min is None else min(self.v_min, verified_tokens)
-        self.v_max = verified_tokens if self.v_max is None else max(self.v_max, verified_tokens)
+        self.requests = 0.98 * self.requests + 0.02 * num_requests
+        self.depths.add(round(verified_tokens / num_requests))
 
-    def verify_ratio(self, min_samples: int = 50) -> float | None:
-        """d / t0 once the fit has data at several verified-token counts, else None."""
-        if self.n < min_samples or self.v_min is None or self.v_max is None or self.v_max - self.v_min < 1:
+    def learned(self) -> float | None:
+        """The learned per-token ratio, once the fit has enough steps at several depths."""
+        if self.n < self.MIN_SAMPLES or len(self.depths) < 2:
             return None
-        t0, d = self.theta
-        if t0 <= 0:
+        t0, t_req, d, c = self.theta
+        b = max(self.requests, 1.0)
+        base = (t0 + t_req * b) / b  # one request's share of a depth-0 step
+        if base <= 0:
             return None
-        return max(0.0, min(10.0, d / t0))
+        return max(0.0, min(10.0, (d + c) / base))
+
+    @property
+    def per_token(self) -> float:
+        """Cost of one more draft at a step, relative to a depth-0 step's cost per request."""
+        learned = self.learned() if self.learn else None
+        return self.prior if learned is None else learned
 
 
 @dataclass
@@ -178,6 +214,7 @@ class AdaptivePolicy:
         min_depth: int = 0,
         verify_cost_ratio: float = 0.5,
         draft_cost_ratio: float = 0.04,
+        draft_token_cost_ratio: float = 0.0,
         learn_cost: bool = True,
         explore: float = 0.02,
         hysteresis: float = 0.01,
@@ -188,8 +225,6 @@ class AdaptivePolicy:
         self.n = num_speculative_tokens
         self.defaults = dict(default_depths)
         self.min_depth = min(min_depth, self.n)
-        self.verify_ratio_prior = verify_cost_ratio
-        self.draft_ratio = draft_cost_ratio
         self.learn_cost = learn_cost
         self.explore = explore
         self.hysteresis = hysteresis
@@ -197,7 +232,7 @@ class AdaptivePolicy:
         self.phase_estimates = {p: AcceptanceEstimate(self.n, window) for p in Phase}
         self.persistence = {p: Persistence(window) for p in Phase}
         self.requests: dict[str, _RequestState] = {}
-        self.cost = StepCostModel()
+        self.cost = StepCostModel(verify_cost_ratio, draft_cost_ratio, draft_token_cost_ratio, learn_cost)
         self._rng = random.Random(seed)
 
     @classmethod
@@ -209,6 +244,7 @@ class AdaptivePolicy:
             min_depth=a.min_depth,
             verify_cost_ratio=a.verify_cost_ratio,
             draft_cost_ratio=a.draft_cost_ratio,
+            draft_token_cost_ratio=a.draft_token_cost_ratio,
             learn_cost=a.learn_cost,
             explore=a.explore,
             hysteresis=a.hysteresis,
@@ -217,11 +253,6 @@ class AdaptivePolicy:
         )
 
     # -- estimates ----------------------------------------------------------------------
-
-    @property
-    def verify_ratio(self) -> float:
-        learned = self.cost.verify_ratio() if self.learn_cost else None
-        return self.verify_ratio_prior if learned is None else learned
 
     def phase_rates(self, phase: Phase) -> list[float]:
         return self.phase_estimates[phase].rates([], self.prior_weight)
@@ -241,13 +272,14 @@ class AdaptivePolicy:
             chosen = default
         else:
             best, scores = best_depth(
-                self.request_rates(phase, request_id), self.min_depth, self.n, self.draft_ratio, self.verify_ratio
+                self.request_rates(phase, request_id), self.min_depth, self.n, self.cost.per_token
             )
             state = self._state(request_id)
             if state is not None:
                 state.estimate.age()
             current = state.depth.get(phase, default) if state else default
             chosen = best if scores[best] > scores[current] * (1.0 + self.hysteresis) else current
+            chosen = min(chosen, current + 1)  # climb one depth at a time: a probe costs least
             if state is not None:
                 state.depth[phase] = chosen
         if self.explore and self._rng.random() < self.explore:
@@ -268,19 +300,19 @@ class AdaptivePolicy:
                 self.persistence[phase].add(prev, first)
             state.last_first[phase] = first
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int) -> None:
-        if self.learn_cost and num_requests and seconds > 0:
-            self.cost.update(seconds, verified_tokens)
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
+        self.cost.update(seconds, verified_tokens, num_requests, draft_depth)
 
     def forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
 
     def describe(self, phase: Phase) -> str:
         rates = ", ".join(f"{a:.2f}" for a in self.phase_rates(phase))
-        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, self.draft_ratio, self.verify_ratio)
+        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, self.cost.per_token)
+        learned = "learned" if self.cost.learned() is not None and self.learn_cost else "given"
         return (
             f"adaptive: accept/pos=[{rates}] best depth={k} persistence={self.persistence[phase].rho():.2f} "
-            f"verify_cost_ratio={self.verify_ratio:.3f} observations={self.phase_estimates[phase].observations}"
+            f"cost/token={self.cost.per_token:.3f} ({learned}) observations={self.phase_estimates[phase].observations}"
         )
 
     def _state(self, request_id: str | None) -> _RequestState | None:

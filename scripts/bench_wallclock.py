@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Measured wall-clock speed of depth policies on the MoE testbed (engines side by side).
+
+Starts one real vLLM engine per setting (fixed k = 0/1/2, phase 1/2, adaptive with default
+options), keeps them all alive, and runs interleaved rounds of single-user thinking-mode
+requests; prints median tok/s per setting and phase and the medians of paired per-round ratios
+with their interquartile ranges.  A modelled figure (seed cost model) accompanies the measured
+one for the controlled settings.
+
+    python scripts/bench_wallclock.py [--rounds 12 --requests 2] [--json out.json] [--plot out.png]
+    python scripts/bench_wallclock.py --calibrate     # adds fixed k=3: the testbed's T(k), k = 0..3
+    python scripts/bench_wallclock.py --smoke         # 2 rounds, 1 request: a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dspark_dynamic.adapter.plugin import require_vllm
+from dspark_dynamic.core.simulate import CostModel
+from dspark_dynamic.testing.wallclock import DEFAULT_SETTINGS, format_report, run_wallclock
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--requests", type=int, default=2, help="requests per setting per round (one at a time)")
+    ap.add_argument("--warmup", type=int, default=1, help="rounds run first and dropped")
+    ap.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help="comma-separated")
+    ap.add_argument("--calibrate", action="store_true", help="add fixed k=3 and print T(k) per step")
+    ap.add_argument("--smoke", action="store_true", help="2 rounds of 1 request, no warm-up")
+    ap.add_argument("--json", help="write the result (per-round data, summary, traces) here")
+    ap.add_argument("--plot", help="write a PNG: tok/s per policy and phase, per-request timelines")
+    CostModel.add_arguments(ap)
+    args = ap.parse_args()
+    settings = tuple(s.strip() for s in args.settings.split(",") if s.strip())
+    if args.calibrate and "fixed k=3" not in settings:
+        settings += ("fixed k=3",)
+    if args.smoke:
+        args.rounds, args.requests, args.warmup = 2, 1, 0
+    print(f"vLLM {require_vllm()}; testbed: MoE target + draft_model drafter (built locally, cached)")
+    result = run_wallclock(settings, args.rounds, args.requests, args.warmup)
+    cost = CostModel.from_arguments(args)
+    print(format_report(result, cost))
+    if args.calibrate:
+        print("testbed step time T(k) (median ms per engine step, prefill included):")
+        for name in sorted(n for n in settings if n.startswith("fixed k=")):
+            print(f"  {name}: {result.step_ms(name):.2f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": result.settings, "rounds": result.rounds, "summary": result.summary(),
+                       "traces": result.traces}, f, indent=1)
+    if args.plot:
+        from dspark_dynamic.tools.plots import plot_wallclock
+
+        plot_wallclock(result.summary(), result.traces, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0 if result.checks.get("outputs_identical_to_plain") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

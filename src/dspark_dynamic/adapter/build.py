@@ -1,0 +1,163 @@
+"""The one way in: vLLM's config -> resolved options -> a ready depth controller (adapter room).
+
+Data flows one way::
+
+    additional_config["dspark_dynamic"] --parse_options--> options
+        --resolve_markers (options, then the reasoning parser, then the tokenizer)--> marker ids
+        --> policy (phase | adaptive), batch depth, stats (+ trace file) --> DepthController
+
+``resolve_options`` is the validating half: the argument-parsing process runs it (through the
+config adapter) so bad input fails before any engine starts, and writes the resolved options
+(explicit marker ids) back into ``additional_config``, so the engine core needs no tokenizer.
+``build_controller`` runs it again in the engine core and assembles the controller; the
+scheduler adapter holds no construction logic of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, replace
+from typing import IO, Any
+
+from dspark_dynamic.adapter.markers import ResolvedMarkers, resolve_markers
+from dspark_dynamic.core.controller import DepthController
+from dspark_dynamic.core.options import CONFIG_KEY, DynamicDepthConfigError, DynamicDepthOptions, parse_options
+from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, PhasePolicy
+from dspark_dynamic.core.stats import PhaseStats
+
+logger = logging.getLogger("vllm.dspark_dynamic")
+
+# batch_depth "auto": methods whose target forward runs on Model Runner V2 with uniform-only FULL
+# decode graphs (the fork's DeepSeek-V4 attention builders are UNIFORM_BATCH): a mixed-depth
+# batch would fall back to eager there, so one depth per step ("max": no request verifies fewer
+# drafts than its phase asks for).  Elsewhere (Model Runner V1, eager, varlen graphs with vLLM
+# 0.33 adaptive verification) mixed batches cost nothing extra: "per_request".
+_UNIFORM_BATCH_METHODS = ("dspark",)
+
+
+def raw_options(additional_config: Any) -> Any | None:
+    """The user's dspark_dynamic dict, or None when the plugin is not configured."""
+    if isinstance(additional_config, dict):
+        return additional_config.get(CONFIG_KEY)
+    return None
+
+
+def tokenizer_getter(model_config: Any):
+    def get() -> Any:
+        if model_config is None or getattr(model_config, "skip_tokenizer_init", False):
+            return None
+        from vllm.tokenizers import cached_tokenizer_from_config
+
+        return cached_tokenizer_from_config(model_config)
+
+    return get
+
+
+def check_trace_path(path: str | None) -> None:
+    """A trace file must be creatable: its directory exists and is writable."""
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise DynamicDepthConfigError(
+            f"dspark_dynamic: invalid option 'trace_path'={path!r}; allowed: a file in an existing "
+            f"directory ({directory!r} does not exist)"
+        )
+    if not os.access(directory, os.W_OK):
+        raise DynamicDepthConfigError(
+            f"dspark_dynamic: invalid option 'trace_path'={path!r}; allowed: a file in a writable "
+            f"directory ({directory!r} is not writable)"
+        )
+
+
+def resolve_options(
+    raw: Any, speculative_config: Any, reasoning_parser: str | None, model_config: Any
+) -> tuple[DynamicDepthOptions, ResolvedMarkers]:
+    """Validate the user's options against vLLM's config and resolve the think markers.
+
+    Raises ``DynamicDepthConfigError`` (one message naming the key and what is allowed).
+    """
+    options = parse_options(raw, getattr(speculative_config, "num_speculative_tokens", None))
+    if getattr(speculative_config, "enable_adaptive_verification", False) and options.policy == "adaptive":
+        raise DynamicDepthConfigError(
+            "dspark_dynamic: invalid option 'policy'='adaptive' together with vLLM's "
+            "enable_adaptive_verification; allowed: policy 'phase' (it caps, per phase, the drafts "
+            "adaptive verification may admit), or turn enable_adaptive_verification off"
+        )
+    check_trace_path(options.trace_path)
+    markers = resolve_markers(options, reasoning_parser, tokenizer_getter(model_config))
+    options = replace(
+        options,
+        reasoning_start_ids=markers.start_ids,
+        reasoning_end_ids=markers.end_ids,
+        think_start_token=None,
+        think_end_token=None,
+    )
+    return options, markers
+
+
+def build_policy(options: DynamicDepthOptions) -> DepthPolicy:
+    if options.policy == "adaptive":
+        from dspark_dynamic.core.adaptive import AdaptivePolicy
+
+        return AdaptivePolicy.from_options(options)
+    return PhasePolicy(options.reasoning_depth, options.answer_depth)
+
+
+@dataclass
+class BuiltController:
+    """What the engine core's scheduler carries: the controller and how it was configured."""
+
+    options: DynamicDepthOptions
+    markers: ResolvedMarkers
+    batch_depth: BatchDepth
+    controller: DepthController
+    trace: IO[str] | None
+
+    def describe(self, method: str | None) -> str:
+        o = self.options
+        return (
+            f"dspark_dynamic: depth controller on (method={method}, num_speculative_tokens="
+            f"{o.num_speculative_tokens}, policy={o.policy}, reasoning_depth={o.reasoning_depth}, "
+            f"answer_depth={o.answer_depth}, batch_depth={self.batch_depth.value}, "
+            f"bound_drafts={o.bound_drafts}; markers: {self.markers.source})"
+        )
+
+
+def build_controller(vllm_config: Any) -> BuiltController | None:
+    """The ready controller for ``vllm_config``, or None when dspark_dynamic is not configured."""
+    raw = raw_options(getattr(vllm_config, "additional_config", None))
+    if raw is None:
+        return None
+    options, markers = resolve_options(
+        raw, vllm_config.speculative_config, reasoning_parser_of(vllm_config), vllm_config.model_config
+    )
+    batch_depth = resolve_batch_depth(options, vllm_config)
+    trace = open(options.trace_path, "a", buffering=1) if options.trace_path else None
+    controller = DepthController(markers.rules(), build_policy(options), batch_depth, PhaseStats(trace))
+    return BuiltController(options, markers, batch_depth, controller, trace)
+
+
+def reasoning_parser_of(vllm_config: Any) -> str | None:
+    for section in ("reasoning_config", "structured_outputs_config"):
+        name = getattr(getattr(vllm_config, section, None), "reasoning_parser", None)
+        if name:
+            return name
+    return None
+
+
+def resolve_batch_depth(options: DynamicDepthOptions, vllm_config: Any) -> BatchDepth:
+    if options.batch_depth != "auto":
+        return BatchDepth(options.batch_depth)
+    spec = getattr(vllm_config, "speculative_config", None)
+    if getattr(spec, "enable_adaptive_verification", False):
+        return BatchDepth.PER_REQUEST  # vLLM then captures varlen decode graphs: any mix replays
+    method = getattr(spec, "method", None)
+    compilation = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(compilation, "cudagraph_mode", None)
+    eager = getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False)
+    has_full = bool(mode is not None and hasattr(mode, "has_full_cudagraphs") and mode.has_full_cudagraphs())
+    if method in _UNIFORM_BATCH_METHODS and has_full and not eager:
+        return BatchDepth.MAX
+    return BatchDepth.PER_REQUEST

@@ -1,0 +1,262 @@
+"""The depth controller inside vLLM's engine-core scheduler (applied in the engine-core process).
+
+``Scheduler.__init__`` attaches a ``DepthController`` when ``additional_config`` holds
+``dspark_dynamic`` options (otherwise nothing changes).  ``schedule`` trims each running
+request's drafts before the original runs, so vLLM schedules 1+k tokens, allocates KV for
+them, and its rejection accounting, metrics and the worker inputs all see k.
+``_update_after_schedule`` (called at the end of ``schedule``, before the async scheduler makes
+its placeholders) plans every scheduled request's next depth and lowers
+``SchedulerOutput.num_spec_tokens_to_schedule`` to the deepest plan, so the drafter drafts no
+more than will be verified.  The async scheduler inherits these methods.
+
+Removable when vLLM has a per-request draft-depth hook in its scheduler.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+from dspark_dynamic.adapter.build import build_controller
+from dspark_dynamic.adapter.metrics import SnapshotWriter
+from dspark_dynamic.adapter.patching import Patch, Where
+from dspark_dynamic.core.controller import StepTiming
+
+logger = logging.getLogger("vllm.dspark_dynamic")
+
+MODULE = "vllm.v1.core.sched.scheduler"
+ATTR = "_dspark_dynamic"
+_MAX_PENDING = 16  # scheduled-but-not-yet-updated steps kept (async scheduling keeps 1-2)
+
+# The most recently built controller of this process (tests, benchmarks, the metrics bridge).
+_latest: "SchedulerHook | None" = None
+
+
+def latest_controller() -> "SchedulerHook | None":
+    return _latest
+
+
+class SchedulerHook:
+    """What one scheduler instance carries: controller, pending decisions, log timer."""
+
+    def __init__(self, built: Any, scheduler_cls: str) -> None:
+        self.scheduler_cls = scheduler_cls  # which vLLM scheduler class it sits in (reports)
+        self.options = built.options
+        self.controller = built.controller
+        self.pending: OrderedDict[int, tuple[dict, float]] = OrderedDict()  # output id -> decisions, start
+        self.counted: dict[str, tuple[int, int]] | None = None  # this update's (verified, accepted) per request
+        self.last_update_end = 0.0
+        self.metrics = SnapshotWriter()
+        self.last_log = time.monotonic()
+
+    def maybe_log(self) -> None:
+        interval = self.options.log_interval_s
+        now = time.monotonic()
+        if interval <= 0 or now - self.last_log < interval:
+            return
+        self.last_log = now
+        describe = getattr(self.controller.policy, "describe", None)
+        extra = {p: describe(p) for p in self.controller.stats.totals} if describe else None
+        for line in self.controller.stats.interval_lines(extra):
+            logger.info(line)
+
+
+def _init(original):
+    @functools.wraps(original)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        global _latest
+        built = build_controller(self.vllm_config)
+        if built is None:
+            self.__dict__[ATTR] = None
+            return
+        logger.info(built.describe(getattr(self.vllm_config.speculative_config, "method", None)))
+        hook = SchedulerHook(built, type(self).__name__)
+        self.__dict__[ATTR] = hook
+        _latest = hook
+
+    return __init__
+
+
+def _schedule(original):
+    @functools.wraps(original)
+    def schedule(self, *args: Any, **kwargs: Any):
+        hook = self.__dict__.get(ATTR)
+        if hook is None:
+            return original(self, *args, **kwargs)
+        started = time.monotonic()
+        decisions = hook.controller.before_schedule(self.running)
+        output = original(self, *args, **kwargs)
+        pending = hook.pending
+        pending[id(output)] = (decisions, started)
+        while len(pending) > _MAX_PENDING:
+            pending.popitem(last=False)
+        return output
+
+    return schedule
+
+
+def _update_from_output(original):
+    @functools.wraps(original)
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any, *args: Any, **kwargs: Any):
+        hook = self.__dict__.get(ATTR)
+        if hook is None:
+            return original(self, scheduler_output, model_runner_output, *args, **kwargs)
+        controller = hook.controller
+        decisions, started = hook.pending.pop(id(scheduler_output), (None, 0.0))
+        requests = self.requests
+        # Requests still live when the step's output arrives (an abort while the step was in flight
+        # removed the others; vLLM counts nothing for them either), with their output length.
+        before = {}
+        for req_id in decisions or ():
+            request = requests.get(req_id)
+            if request is not None and not request.is_finished():
+                before[req_id] = (request, len(request.output_token_ids))
+        hook.counted = {}
+        try:
+            result = original(self, scheduler_output, model_runner_output, *args, **kwargs)
+        finally:
+            counted, hook.counted = hook.counted, None
+        if decisions:
+            tokens = {req_id: len(request.output_token_ids) - n for req_id, (request, n) in before.items()}
+            step = step_timing(scheduler_output, time.monotonic() - max(started, hook.last_update_end))
+            controller.after_output(decisions, counted, tokens, step)
+        if len(controller.states) > len(requests):
+            controller.prune(requests)
+        hook.metrics.write(controller.stats.snapshot, force=not self.running, tracked=len(controller.states))
+        hook.maybe_log()
+        hook.last_update_end = time.monotonic()
+        return result
+
+    return update_from_output
+
+
+def _make_spec_decoding_stats(original):
+    @functools.wraps(original)
+    def make_spec_decoding_stats(self, spec_decoding_stats: Any, num_draft_tokens: int, num_accepted_tokens: int,
+                                 num_invalid_spec_tokens: Any, request_id: str, *args: Any, **kwargs: Any):
+        hook = self.__dict__.get(ATTR)
+        if hook is not None and hook.counted is not None and num_draft_tokens:
+            invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
+            hook.counted[request_id] = (num_draft_tokens - invalid, num_accepted_tokens)
+        return original(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
+                        request_id, *args, **kwargs)
+
+    return make_spec_decoding_stats
+
+
+def step_timing(scheduler_output: Any, seconds: float) -> StepTiming:
+    """The step's busy time (from ``schedule`` or the previous update, whichever came later) and
+    shape; a step in which any request prefilled is not decode-only."""
+    spec = scheduler_output.scheduled_spec_decode_tokens
+    scheduled = scheduler_output.num_scheduled_tokens
+    decode_only = all(n == 1 + len(spec.get(req_id, ())) for req_id, n in scheduled.items())
+    return StepTiming(seconds, decode_only, len(scheduled), getattr(scheduler_output, "num_spec_tokens_to_schedule", -1))
+
+
+def _update_after_schedule(original):
+    @functools.wraps(original)
+    def _update_after_schedule(self, scheduler_output: Any, *args: Any, **kwargs: Any):
+        hook = self.__dict__.get(ATTR)
+        if hook is not None and hook.options.bound_drafts and self.num_spec_tokens:
+            requests = self.requests
+            drafting = (  # every scheduled request but a prefill chunk (those do not draft)
+                request
+                for req_id, n in scheduler_output.num_scheduled_tokens.items()
+                if (request := requests[req_id]).num_computed_tokens + n >= request.num_tokens
+            )
+            bound = hook.controller.plan_drafts(drafting)
+            if bound is not None and bound < scheduler_output.num_spec_tokens_to_schedule:
+                scheduler_output.num_spec_tokens_to_schedule = bound
+        return original(self, scheduler_output, *args, **kwargs)
+
+    return _update_after_schedule
+
+
+def _free_request(original):
+    @functools.wraps(original)
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any):
+        hook = self.__dict__.get(ATTR)
+        if hook is None:
+            return original(self, request, *args, **kwargs)
+        hook.controller.forget(request.request_id)
+        result = original(self, request, *args, **kwargs)
+        if not self.requests:  # idle now (e.g. the last client went away): publish the final state
+            hook.metrics.write(hook.controller.stats.snapshot, force=True, tracked=len(hook.controller.states))
+        return result
+
+    return _free_request
+
+
+S = "v1/core/sched/scheduler.py"
+
+PATCHES = (
+    Patch(
+        "scheduler-init",
+        MODULE,
+        "Scheduler.__init__",
+        _init,
+        params=("vllm_config",),
+        why="attach the depth controller when dspark_dynamic is configured",
+        process="engine core",
+        where=Where(f"{S}:68", f"{S}:85", f"{S}:87"),
+        removable_when="vLLM has a per-request draft-depth hook in its scheduler",
+    ),
+    Patch(
+        "scheduler-schedule",
+        MODULE,
+        "Scheduler.schedule",
+        _schedule,
+        why="trim request.spec_token_ids to the chosen depth before scheduling",
+        process="engine core",
+        where=Where(f"{S}:469 (spec slice :673-688)", f"{S}:591 (spec slice :861-876)", f"{S}:699 (spec slice :1010-1025)"),
+        removable_when="same as scheduler-init",
+    ),
+    Patch(
+        "scheduler-update-from-output",
+        MODULE,
+        "Scheduler.update_from_output",
+        _update_from_output,
+        params=("scheduler_output", "model_runner_output"),
+        why="per-phase verified/accepted counts, periodic log line",
+        process="engine core",
+        where=Where(f"{S}:1565 (accounting :1643-1668)", f"{S}:2026 (accounting :2110-2135)", f"{S}:2259 (accounting :2346-2380)"),
+        removable_when="vLLM reports spec-decode stats per request phase",
+    ),
+    Patch(
+        "scheduler-spec-decoding-stats",
+        MODULE,
+        "Scheduler.make_spec_decoding_stats",
+        _make_spec_decoding_stats,
+        params=("num_draft_tokens", "num_accepted_tokens", "num_invalid_spec_tokens", "request_id"),
+        why="count each request-step's verified/accepted drafts exactly where vLLM's own spec-decode stats do",
+        process="engine core",
+        where=Where(f"{S}:2328 (called :1664)", f"{S}:2961", f"{S}:3305 (called :2365)"),
+        removable_when="vLLM reports spec-decode stats per request phase",
+    ),
+    Patch(
+        "scheduler-update-after-schedule",
+        MODULE,
+        "Scheduler._update_after_schedule",
+        _update_after_schedule,
+        params=("scheduler_output",),
+        why="plan next-step depths; draft no deeper than the deepest plan (num_spec_tokens_to_schedule)",
+        process="engine core",
+        where=Where(f"{S}:1233 (K :1161-1183); MRv2 ignores the field, DSpark drafts N in one pass", f"{S}:1616 (K :1486); MRv1 drafters take it as num_speculative_tokens", f"{S}:1845 (K :1710); MRv2 EAGLE/MTP speculators draft that many"),
+        removable_when="vLLM sizes drafting from per-request depths (its dynamic SD only maps batch size to K)",
+    ),
+    Patch(
+        "scheduler-free-request",
+        MODULE,
+        "Scheduler._free_request",
+        _free_request,
+        params=("request",),
+        why="drop a finished request's phase state",
+        process="engine core",
+        where=Where(f"{S}:2142", f"{S}:2714", f"{S}:3031"),
+        removable_when="same as scheduler-init",
+    ),
+)

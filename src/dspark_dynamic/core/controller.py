@@ -1,0 +1,163 @@
+"""The per-scheduler depth controller (no vLLM import; duck-typed over vLLM's Request).
+
+Used by the scheduler adapter in four places, in this order within one engine step:
+- ``before_schedule(running)``: advance each running request's phase with its newly committed
+  output tokens and set ``request.spec_token_ids`` to its first k drafts, k being the depth
+  planned for this step (re-chosen if the phase changed since); reassigned, never mutated: the
+  async scheduler shares one placeholder list;
+- ``plan_drafts(scheduled)``: once vLLM has scheduled the step, choose every scheduled request's
+  depth for its *next* step and return the deepest, so the drafter of this step drafts no more
+  than will be verified (``None``: nothing to plan);
+- ``after_output(decisions, counted, tokens, step)``: count what was verified and accepted per
+  phase (the numbers vLLM's own spec-decode stats counted, so both agree however a request
+  ended), and hand decode-only step timings to the policy;
+- ``forget(request_id)``: drop a finished request's state.
+
+Example: phase policy 1/2, a request inside ``<think>`` with drafts ``[a, b]``: it is planned at
+depth 1, the drafter is asked for 1 draft, and its next step verifies ``[a]``.
+
+Requests touched: ``request_id``, ``prompt_token_ids``, ``output_token_ids``, ``spec_token_ids``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dspark_dynamic.core.phase import Phase, PhaseRules, RequestPhase
+from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, apply_batch_depth
+from dspark_dynamic.core.stats import PhaseStats
+
+# request_id -> (phase at scheduling time, chosen depth or -1 when no drafts were offered)
+Decisions = dict[str, tuple[Phase, int]]
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One engine step as the cost model sees it.
+
+    ``seconds`` excludes idle time before the step was scheduled; ``decode_only`` is False when
+    any request prefilled in it (such a step says nothing about verify cost); ``draft_depth``
+    is the number of drafts per request the drafter was asked for in this step.
+    """
+
+    seconds: float
+    decode_only: bool
+    num_requests: int
+    draft_depth: int
+
+
+class DepthController:
+    def __init__(
+        self,
+        rules: PhaseRules,
+        policy: DepthPolicy,
+        batch_depth: BatchDepth = BatchDepth.PER_REQUEST,
+        stats: PhaseStats | None = None,
+    ) -> None:
+        self.rules = rules
+        self.policy = policy
+        self.batch_depth = batch_depth
+        self.stats = stats if stats is not None else PhaseStats()
+        self.states: dict[str, RequestPhase] = {}
+        self.plans: dict[str, tuple[Phase, int]] = {}  # depth chosen for a request's next step
+
+    def phase_of(self, request: Any) -> Phase:
+        state = self.states.get(request.request_id)
+        if state is None:
+            state = RequestPhase(self.rules, request.prompt_token_ids)
+            self.states[request.request_id] = state
+        return state.advance(self.rules, request.output_token_ids)
+
+    def _depth(self, request_id: str, phase: Phase) -> int:
+        plan = self.plans.get(request_id)
+        if plan is not None and plan[0] is phase:
+            return plan[1]
+        return self.policy.depth(phase, request_id)
+
+    def before_schedule(self, running: Iterable[Any]) -> Decisions:
+        """Trim each running request's drafts to its depth; returns what was decided."""
+        decisions: Decisions = {}
+        drafting: list[tuple[Any, Phase, int]] = []
+        for request in running:
+            phase = self.phase_of(request)
+            req_id = request.request_id
+            if request.spec_token_ids:
+                drafting.append((request, phase, self._depth(req_id, phase)))
+            else:  # no drafts: none offered (-1), or none asked for (depth 0 planned)
+                plan = self.plans.get(req_id)
+                decisions[req_id] = (phase, 0 if plan is not None and plan[1] == 0 else -1)
+        if not drafting:
+            return decisions
+        depths = [k for _, _, k in drafting]
+        if self.batch_depth is not BatchDepth.PER_REQUEST:
+            depths = apply_batch_depth(depths, self.batch_depth)
+        for (request, phase, _), k in zip(drafting, depths):
+            spec = request.spec_token_ids
+            if k < len(spec):
+                request.spec_token_ids = spec[:k]
+            decisions[request.request_id] = (phase, min(k, len(spec)))
+        return decisions
+
+    def plan_drafts(self, scheduled: Iterable[Any]) -> int | None:
+        """Choose the next step's depth of every request that drafts in this step.
+
+        Returns the number of drafts per request the drafter should produce (the deepest plan,
+        or the shallowest under ``batch_depth: min``), or None when nothing was scheduled.
+        """
+        planned = []
+        for request in scheduled:
+            phase = self.phase_of(request)
+            k = self.policy.depth(phase, request.request_id)
+            self.plans[request.request_id] = (phase, k)
+            planned.append(k)
+        if not planned:
+            return None
+        return min(planned) if self.batch_depth is BatchDepth.MIN else max(planned)
+
+    def after_output(
+        self,
+        decisions: Mapping[str, tuple[Phase, int]],
+        counted: Mapping[str, tuple[int, int]],
+        tokens: Mapping[str, int],
+        step: StepTiming | None = None,
+    ) -> None:
+        """Account one finished step.
+
+        ``counted``: request -> (drafts verified, drafts accepted), exactly as vLLM's spec-decode
+        stats counted them (so the sums always agree, however a request ended); ``tokens``:
+        request -> output tokens the step added, for the requests still live when the output
+        arrived; ``step``: the step's timing, when measured.
+        """
+        verified_tokens = 0
+        for req_id, (phase, chosen) in decisions.items():
+            added = tokens.get(req_id)
+            if req_id in counted:
+                verified, accepted = counted[req_id]
+                verified_tokens += verified
+                self.stats.record(phase, verified, accepted, added or 0, req_id)
+                self.policy.observe(phase, verified, accepted, req_id)
+            elif added is None:
+                continue  # aborted while the step ran: nothing happened to it
+            elif chosen == 0 and added:
+                self.stats.record(phase, 0, 0, added, req_id)
+                self.policy.observe(phase, 0, 0, req_id)
+            else:
+                self.stats.totals[phase].tokens += added
+        if step is not None and step.num_requests:
+            self.stats.record_step_time(
+                step.seconds, verified_tokens, step.num_requests, step.draft_depth, step.decode_only
+            )
+            if step.decode_only:
+                self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth)
+
+    def forget(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+        self.plans.pop(request_id, None)
+        self.policy.forget(request_id)
+
+    def prune(self, live_request_ids: Iterable[str]) -> None:
+        live = set(live_request_ids)
+        for req_id in [r for r in self.states if r not in live]:
+            self.forget(req_id)

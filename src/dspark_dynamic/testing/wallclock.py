@@ -1,0 +1,209 @@
+"""Wall-clock comparison of depth policies on the MoE testbed (engines side by side).
+
+Settings (each a live vLLM engine on the testbed target, ``draft_model`` drafter):
+
+- ``fixed k=0``  no speculation;
+- ``fixed k=1``  / ``fixed k=2`` / ``fixed k=3``: plain vLLM with ``num_speculative_tokens = k``
+  (no plugin options: what a user could run without us);
+- ``phase 1/2``: N = 2 and the phase policy (1 draft while reasoning, 2 while answering);
+  any ``phase R/A`` works (``phase 2/2`` is fixed k = 2 with per-phase counts), and
+  ``phase R/A unbounded`` turns the draft bound off (the drafter always drafts N);
+- ``adaptive``: N = 2 and ``policy: adaptive`` with default options (costs learned online).
+
+Every round runs ``requests`` thinking-mode requests on every setting, one request at a time:
+one request per setting in a rotated order, ``requests`` times, so a slow spell of the shared
+machine hits every setting alike; the first ``warmup`` rounds are dropped.  Claims are medians of paired per-round
+ratios (``dspark_dynamic.core.paired``).  Greedy outputs must equal the script, and the controller's
+per-phase counts must equal vLLM's counters; both are checked and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
+from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
+from dspark_dynamic.testing.engine_pool import EnginePool
+from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, build_moe_target, build_testbed_draft, prompt_ids
+
+PHASES = ("reasoning", "answer")
+DEFAULT_SETTINGS = ("fixed k=0", "fixed k=1", "fixed k=2", "phase 1/2", "adaptive")
+# The claims the benchmark prints: (numerator, denominator); "best of k=1|phase" is resolved to
+# whichever of the two has the higher median tok/s.
+CLAIMS = (
+    ("phase 1/2", "fixed k=2"),
+    ("phase 1/2", "fixed k=1"),
+    ("adaptive", "phase 1/2"),
+    ("adaptive", "best of fixed k=1|phase 1/2"),
+    ("adaptive", "fixed k=2"),
+    ("phase 1/2", "phase 1/2 unbounded"),
+    ("fixed k=1", "fixed k=0"),
+)
+
+
+def controlled(name: str) -> bool:
+    return name.startswith("phase ") or name == "adaptive"
+
+
+def trace_file(trace_dir: Path, name: str) -> Path:
+    return trace_dir / f"{name.replace(' ', '_').replace('/', '-')}.jsonl"
+
+
+def engine_specs(names: tuple[str, ...], trace_dir: Path) -> dict[str, dict[str, Any]]:
+    target, draft = str(build_moe_target()), str(build_testbed_draft())
+    specs: dict[str, dict[str, Any]] = {}
+    for name in names:
+        spec: dict[str, Any] = {"model": target}
+        if name.startswith("fixed k="):
+            k = int(name.split("=")[1])
+            if k:
+                spec["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+        else:
+            options: dict[str, Any] = {"trace_path": str(trace_file(trace_dir, name))}
+            if name.startswith("phase "):
+                reasoning, answer = (int(x) for x in name.split()[1].split("/"))
+                options.update(reasoning_depth=reasoning, answer_depth=answer)
+                if name.endswith(" unbounded"):  # the drafter drafts N whatever is verified
+                    options.update(bound_drafts=False)
+            elif name == "adaptive":
+                options.update(policy="adaptive")
+            else:
+                raise ValueError(f"unknown setting {name!r}")
+            spec["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": 2}
+            spec["additional_config"] = {"dspark_dynamic": options}
+        specs[name] = spec
+    return specs
+
+
+@dataclass
+class WallclockResult:
+    settings: list[str]
+    rounds: list[dict[str, dict[str, Any]]] = field(default_factory=list)  # per round: setting -> measures
+    checks: dict[str, Any] = field(default_factory=dict)
+    traces: dict[str, str] = field(default_factory=dict)
+
+    def tok_per_s(self, name: str, phase: str | None = None) -> list[float]:
+        out = []
+        for rnd in self.rounds:
+            m = rnd[name]
+            tokens = m["tokens"][phase] if phase else sum(m["tokens"].values())
+            seconds = m["seconds"][phase] if phase else sum(m["seconds"].values())
+            out.append(tokens / seconds if seconds else 0.0)
+        return out
+
+    def step_ms(self, name: str) -> float:
+        """Median per-round busy milliseconds per engine step (decode and prefill together)."""
+        return summarize([1000.0 * sum(r[name]["seconds"].values()) / max(1, r[name]["steps"])
+                          for r in self.rounds]).median
+
+    def claim(self, a: str, b: str) -> tuple[str, Any]:
+        if b.startswith("best of "):
+            options = b[len("best of "):].split("|")
+            if not all(o in self.settings for o in options) or a not in self.settings:
+                return b, None
+            b = max(options, key=lambda o: summarize(self.tok_per_s(o)).median)
+        if a not in self.settings or b not in self.settings:
+            return b, None
+        return b, paired_ratio(self.tok_per_s(a), self.tok_per_s(b))
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tok_per_s": {}, "ratios": {}, "checks": self.checks}
+        for name in self.settings:
+            out["tok_per_s"][name] = {
+                "all": summarize(self.tok_per_s(name)).as_dict(),
+                **{p: summarize(self.tok_per_s(name, p)).as_dict() for p in PHASES},
+            }
+        for a, b in CLAIMS:
+            resolved, ratio = self.claim(a, b)
+            if ratio is not None:
+                out["ratios"][f"{a} / {resolved}"] = ratio.as_dict()
+        return out
+
+
+def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12, requests: int = 2,
+                  warmup: int = 1, log: Any = print, trace_dir: Path | None = None) -> WallclockResult:
+    """Start every setting's engine, then run interleaved rounds; returns the measured result."""
+    tmp = None
+    if trace_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="wallclock-")
+        trace_dir = Path(tmp.name)
+    end_id = TESTBED_SCRIPT.vocab()["</think>"]
+    expected = TESTBED_SCRIPT.expected_output(thinking=True)
+    prompt = prompt_ids(TESTBED_SCRIPT, thinking=True)
+    max_tokens = len(expected) + 10
+    result = WallclockResult(list(settings))
+    try:
+        log(f"starting {len(settings)} engines side by side: {', '.join(settings)} ...")
+        with EnginePool(engine_specs(tuple(settings), trace_dir)) as pool:
+            wrong: dict[str, int] = {}
+            for r in range(warmup + rounds):
+                measures = {name: {"tokens": {p: 0 for p in PHASES}, "seconds": {p: 0.0 for p in PHASES}, "steps": 0}
+                            for name in settings}
+                for rep in range(requests):  # one request per setting at a time, order rotated
+                    for name in rotation(list(settings), r * requests + rep):
+                        timing = pool.run(name, prompt, max_tokens, end_id)
+                        if timing.output != expected:
+                            wrong[name] = wrong.get(name, 0) + 1
+                        m = measures[name]
+                        for p in PHASES:
+                            m["tokens"][p] += timing.tokens[p]
+                            m["seconds"][p] += timing.seconds[p]
+                        m["steps"] += timing.steps
+                if r >= warmup:
+                    result.rounds.append(measures)
+                    line = "  ".join(f"{n} {sum(m['tokens'].values()) / sum(m['seconds'].values()):.1f}"
+                                     for n, m in measures.items())
+                    log(f"round {r - warmup + 1}/{rounds}: tok/s {line}")
+            result.checks["outputs_identical_to_plain"] = not wrong
+            result.checks["wrong_outputs"] = wrong
+            for name in settings:
+                if controlled(name):
+                    c = pool.counters(name)
+                    phases, v = c["phases"], c["vllm"]
+                    ours = tuple(sum(p[key] for p in phases.values()) for key in ("steps", "verified", "accepted"))
+                    theirs = (v["vllm:spec_decode_num_drafts"], v["vllm:spec_decode_num_draft_tokens"],
+                              v["vllm:spec_decode_num_accepted_tokens"])
+                    result.checks[f"{name}: counts (steps, verified, accepted) ours / vLLM"] = [ours, theirs]
+                    result.checks[f"{name}: counts equal vLLM's"] = ours == theirs
+                    result.checks[f"{name}: phases"] = phases
+        for name in settings:
+            if controlled(name):
+                path = trace_file(trace_dir, name)
+                if path.exists():
+                    result.traces[name] = path.read_text()
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return result
+
+
+def modeled(result: WallclockResult, cost: CostModel) -> dict[str, float]:
+    """The seed cost model's tok/s for each controlled setting, from its per-phase counts."""
+    out = {}
+    for name in result.settings:
+        phases = result.checks.get(f"{name}: phases")
+        if phases:
+            out[name] = modeled_tok_per_s(phases, cost)
+    return out
+
+
+def format_report(result: WallclockResult, cost: CostModel | None = None) -> str:
+    s = result.summary()
+    lines = [f"{'setting':<12} {'tok/s all':>22} {'reasoning':>10} {'answer':>10}   (medians over "
+             f"{len(result.rounds)} rounds)"]
+    for name, t in s["tok_per_s"].items():
+        a = t["all"]
+        lines.append(f"{name:<12} {a['median']:>8.2f} ({a['q1']:.1f}-{a['q3']:.1f}) "
+                     f"{t['reasoning']['median']:>10.2f} {t['answer']['median']:>10.2f}")
+    lines.append("paired ratios (median of per-round ratios, IQR):")
+    for key, r in s["ratios"].items():
+        lines.append(f"  {key:<34} {r['median']:.3f} (IQR {r['q1']:.3f}-{r['q3']:.3f})")
+    if cost is not None:
+        for name, tps in modeled(result, cost).items():
+            lines.append(f"  modelled on the seed box (T0={cost.t0_ms} ms): {name} {tps:.2f} tok/s")
+    lines.append("checks: " + json.dumps({k: v for k, v in result.checks.items() if not k.endswith("phases")}))
+    return "\n".join(lines)

@@ -1,0 +1,76 @@
+"""Pictures of a wall-clock benchmark (matplotlib: the optional extra ``dspark-dynamic[plot]``).
+
+- ``tok/s per policy and phase``: median tok/s (bars) with interquartile ranges (whiskers);
+- ``timeline``: one request of a controlled engine from its ``trace_path`` rows: per decode step,
+  the phase (background), the chosen depth and the drafts accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # an optional extra, never a runtime dependency
+        raise SystemExit(
+            "dspark_dynamic: --plot needs matplotlib (pip install 'dspark-dynamic[plot]' or matplotlib)"
+        ) from exc
+    return plt
+
+
+def request_timeline(trace_text: str, request_index: int = -1) -> list[dict[str, Any]]:
+    """The request-step rows (phase, k, accepted) of one request of a controller trace."""
+    by_req: dict[str, list[dict[str, Any]]] = {}
+    for line in trace_text.splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "phase" in row:
+            by_req.setdefault(str(row.get("req", "")), []).append(row)
+    if not by_req:
+        return []
+    return list(by_req.values())[request_index]
+
+
+def plot_wallclock(summary: dict[str, Any], traces: dict[str, str], path: str) -> None:
+    """Write a PNG: tok/s per policy and phase, and one timeline per controlled policy."""
+    plt = _pyplot()
+    timelines = {name: request_timeline(text) for name, text in traces.items()}
+    timelines = {k: v for k, v in timelines.items() if v}
+    fig, axes = plt.subplots(1 + len(timelines), 1, figsize=(10, 3.6 + 2.4 * len(timelines)),
+                             gridspec_kw={"height_ratios": [1.5] + [1] * len(timelines)})
+    axes = list(axes) if timelines else [axes]
+    ax = axes[0]
+    names = list(summary["tok_per_s"])
+    groups = ("all", "reasoning", "answer")
+    width = 0.8 / len(groups)
+    for g, group in enumerate(groups):
+        med = [summary["tok_per_s"][n][group]["median"] for n in names]
+        lo = [m - summary["tok_per_s"][n][group]["q1"] for n, m in zip(names, med)]
+        hi = [summary["tok_per_s"][n][group]["q3"] - m for n, m in zip(names, med)]
+        xs = [i + (g - 1) * width for i in range(len(names))]
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=group)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("tok/s (median, IQR)")
+    ax.set_title("Measured wall-clock tok/s per policy and phase (engines side by side)")
+    ax.legend()
+    colors = {"reasoning": "#f3e0c0", "answer": "#d0e8d0"}
+    for ax, (name, rows) in zip(axes[1:], timelines.items()):
+        steps = range(len(rows))
+        for i, row in enumerate(rows):
+            ax.axvspan(i - 0.5, i + 0.5, color=colors.get(row["phase"], "white"), lw=0)
+        ax.step(steps, [r["k"] for r in rows], where="mid", color="black", label="depth chosen")
+        ax.bar(steps, [r["accepted"] for r in rows], width=0.6, color="tab:blue", alpha=0.6, label="drafts accepted")
+        ax.set_ylabel("drafts")
+        ax.set_title(f"{name}: one request, per decode step (tan = reasoning, green = answer)")
+        ax.legend(loc="upper left")
+    axes[-1].set_xlabel("decode step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,30 @@
+import pytest
+
+from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
+
+
+def test_summary_is_median_and_quartiles():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (s.median, s.q1, s.q3, s.n) == (3.0, 2.0, 4.0, 5)
+    assert summarize([7.0]).as_dict() == {"median": 7.0, "q1": 7.0, "q3": 7.0, "n": 1}
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_paired_ratio_cancels_a_shared_round_effect():
+    # the machine is twice as slow in round 2 for both settings: the paired ratio does not notice
+    a = [110.0, 55.0, 112.0]
+    b = [100.0, 50.0, 100.0]
+    assert paired_ratio(a, b).median == pytest.approx(1.1)
+    assert summarize(a).median / summarize(b).median == pytest.approx(1.1)  # same here, but ...
+    assert paired_ratio([110.0, 55.0, 60.0], [100.0, 50.0, 50.0]).median == pytest.approx(1.1)
+    with pytest.raises(ValueError):
+        paired_ratio([1.0], [1.0, 2.0])
+
+
+def test_rotation_gives_every_setting_every_slot():
+    names = ["a", "b", "c"]
+    orders = [rotation(names, r) for r in range(3)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    for slot in range(3):
+        assert {o[slot] for o in orders} == set(names)

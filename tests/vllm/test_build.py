@@ -1,0 +1,90 @@
+from types import SimpleNamespace
+
+import pytest
+
+from dspark_dynamic.adapter.build import reasoning_parser_of, resolve_batch_depth
+from dspark_dynamic.core.options import parse_options
+from dspark_dynamic.core.policy import BatchDepth
+
+
+class Mode:
+    def __init__(self, full):
+        self.full = full
+
+    def has_full_cudagraphs(self):
+        return self.full
+
+
+def config(method="dspark", full=True, eager=False, av=False):
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(method=method, enable_adaptive_verification=av),
+        compilation_config=SimpleNamespace(cudagraph_mode=Mode(full)),
+        model_config=SimpleNamespace(enforce_eager=eager),
+    )
+
+
+@pytest.mark.parametrize(
+    "cfg, expected",
+    [
+        (config(), BatchDepth.MAX),  # the fork: DSpark + FULL graphs on uniform-only backends
+        (config(full=False), BatchDepth.PER_REQUEST),
+        (config(eager=True), BatchDepth.PER_REQUEST),
+        (config(method="draft_model"), BatchDepth.PER_REQUEST),  # Model Runner V1
+        (config(av=True), BatchDepth.PER_REQUEST),  # 0.33 adaptive verification: varlen graphs
+    ],
+)
+def test_auto_batch_depth(cfg, expected):
+    assert resolve_batch_depth(parse_options({}, 2), cfg) is expected
+
+
+def test_explicit_batch_depth_wins():
+    assert resolve_batch_depth(parse_options({"batch_depth": "min"}, 2), config()) is BatchDepth.MIN
+
+
+def test_reasoning_parser_lookup():
+    cfg = SimpleNamespace(reasoning_config=None, structured_outputs_config=SimpleNamespace(reasoning_parser="deepseek_v4"))
+    assert reasoning_parser_of(cfg) == "deepseek_v4"
+    assert reasoning_parser_of(SimpleNamespace()) is None
+
+
+def vllm_config(additional, num_spec=2, method="draft_model"):
+    return SimpleNamespace(
+        additional_config=additional,
+        speculative_config=SimpleNamespace(method=method, num_speculative_tokens=num_spec,
+                                           enable_adaptive_verification=False),
+        compilation_config=SimpleNamespace(cudagraph_mode=Mode(False)),
+        model_config=SimpleNamespace(enforce_eager=True, skip_tokenizer_init=True),
+        reasoning_config=None,
+    )
+
+
+IDS = {"reasoning_start_ids": [5], "reasoning_end_ids": [6]}
+
+
+def test_build_controller_is_the_one_way_in(tmp_path):
+    from dspark_dynamic.adapter.build import build_controller
+    from dspark_dynamic.core.adaptive import AdaptivePolicy
+    from dspark_dynamic.core.phase import Phase
+    from dspark_dynamic.core.policy import PhasePolicy
+
+    assert build_controller(vllm_config({})) is None  # not configured: nothing is built
+    trace = tmp_path / "t.jsonl"
+    built = build_controller(vllm_config({"dspark_dynamic": {**IDS, "trace_path": str(trace)}}))
+    assert isinstance(built.controller.policy, PhasePolicy)
+    assert built.controller.rules.start_ids == {5} and built.controller.rules.end_ids == {6}
+    assert built.batch_depth is BatchDepth.PER_REQUEST
+    built.controller.stats.record(Phase.ANSWER, 2, 2, 3, "r")
+    assert trace.read_text().count("\n") == 1  # the trace file is open and line-buffered
+    adaptive = build_controller(vllm_config({"dspark_dynamic": {**IDS, "policy": "adaptive"}}))
+    assert isinstance(adaptive.controller.policy, AdaptivePolicy)
+    assert "policy=adaptive" in adaptive.describe("draft_model")
+
+
+def test_trace_path_in_a_missing_directory_fails_with_one_line(tmp_path):
+    from dspark_dynamic.adapter.build import build_controller
+    from dspark_dynamic.core.options import DynamicDepthConfigError
+
+    bad = str(tmp_path / "missing" / "t.jsonl")
+    with pytest.raises(DynamicDepthConfigError) as err:
+        build_controller(vllm_config({"dspark_dynamic": {**IDS, "trace_path": bad}}))
+    assert "trace_path" in str(err.value) and "\n" not in str(err.value)
