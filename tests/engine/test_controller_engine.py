@@ -211,6 +211,10 @@ def test_preemption_and_chunked_prefill(engine, target):
     b = engine("stress", spec)["batches"][0]
     assert b["outputs"] == [SCRIPT.expected_output(thinking=True)] * 5
     assert b["vllm"]["vllm:num_preemptions"] > 0  # the tight cache really preempted
+    phases, v = b["phases"], b["vllm"]  # preempted and resumed requests count exactly like vLLM's
+    assert sum(p["steps"] for p in phases.values()) == v["vllm:spec_decode_num_drafts"]
+    assert sum(p["verified"] for p in phases.values()) == v["vllm:spec_decode_num_draft_tokens"]
+    assert sum(p["accepted"] for p in phases.values()) == v["vllm:spec_decode_num_accepted_tokens"]
     assert set(b["phases"]["reasoning"]["depth_counts"]) == {"1"}
     assert_answer_depth_2(b["phases"]["answer"]["depth_counts"], crossings=5)
     assert b["live_states"] == 0

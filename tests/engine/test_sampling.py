@@ -100,3 +100,6 @@ def test_parallel_sampling_under_the_controller(engine, model):
     assert n == SAMPLES and off_walk == 0
     assert stat < CHI2_CRITICAL_0001[df], (stat, a_share)
     assert report["batches"][0]["live_states"] == 0
+    phases, v = report["batches"][0]["phases"], report["batches"][0]["vllm"]
+    assert sum(p["steps"] for p in phases.values()) == v["vllm:spec_decode_num_drafts"] > 0
+    assert sum(p["accepted"] for p in phases.values()) == v["vllm:spec_decode_num_accepted_tokens"]
