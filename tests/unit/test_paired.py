@@ -28,3 +28,18 @@ def test_rotation_gives_every_setting_every_slot():
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
     for slot in range(3):
         assert {o[slot] for o in orders} == set(names)
+
+
+def test_wallclock_claims_resolve_the_better_baseline():
+    from dspark_dynamic.testing.wallclock import WallclockResult
+
+    result = WallclockResult(["fixed k=1", "fixed k=2", "phase 1/2", "adaptive"])
+    seconds = {"fixed k=1": 1.0, "fixed k=2": 1.3, "phase 1/2": 1.1, "adaptive": 1.05}
+    for _ in range(3):
+        result.rounds.append({n: {"tokens": {"reasoning": 100, "answer": 50},
+                                  "seconds": {"reasoning": s, "answer": 0.5}, "steps": 10}
+                              for n, s in seconds.items()})
+    ratios = result.summary()["ratios"]
+    best = ratios["adaptive / best of fixed k=1|phase 1/2 = fixed k=1"]  # k=1 is faster here
+    assert best["median"] == pytest.approx(1.5 / 1.55)
+    assert ratios["phase 1/2 / fixed k=2"]["median"] == pytest.approx(1.8 / 1.6)

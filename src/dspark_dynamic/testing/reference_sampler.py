@@ -38,18 +38,18 @@ def seed(value: int) -> None:
     _generator = torch.Generator().manual_seed(value)
 
 
-def _uniform() -> float:
-    global _generator
+def _rng() -> torch.Generator:
     if _generator is None:
         seed(0)
-    return float(torch.rand((), generator=_generator))
+    return _generator
+
+
+def _uniform() -> float:
+    return float(torch.rand((), generator=_rng()))
 
 
 def _draw(probs: torch.Tensor) -> int:
-    global _generator
-    if _generator is None:
-        seed(0)
-    return int(torch.multinomial(probs, 1, generator=_generator))
+    return int(torch.multinomial(probs, 1, generator=_rng()))
 
 
 def _is_greedy(sampling_metadata: Any, i: int) -> bool:
@@ -69,10 +69,8 @@ def reference_sample(
     target_logits: torch.Tensor,
     bonus_token_ids: torch.Tensor,
     sampling_metadata: Any,
-    *args: Any,
-    **kwargs: Any,
 ) -> torch.Tensor:
-    """Drop-in for ``vllm.v1.sample.rejection_sampler.rejection_sample`` (same arguments)."""
+    """Verify one step's drafts (the arguments of vLLM's ``rejection_sample``)."""
     batch = len(num_draft_tokens)
     out = torch.full((batch, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32)
     target_probs = target_logits.float().softmax(dim=-1)
@@ -111,19 +109,11 @@ def reference_sample(
     return out.to(target_logits.device)
 
 
-def blind_sample(
-    draft_token_ids: torch.Tensor,
-    num_draft_tokens: list[int],
-    max_spec_len: int,
-    cu_num_draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_logits: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    sampling_metadata: Any,
-    *args: Any,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """A broken verifier that accepts every draft (tests show the statistics catch it)."""
+def blind_sample(draft_token_ids: torch.Tensor, num_draft_tokens: list[int], max_spec_len: int,
+                 cu_num_draft_tokens: torch.Tensor, _draft_probs: Any, target_logits: torch.Tensor,
+                 bonus_token_ids: torch.Tensor, _sampling_metadata: Any) -> torch.Tensor:
+    """A broken verifier that accepts every draft (tests show the statistics catch it); same
+    arguments as ``reference_sample``."""
     batch = len(num_draft_tokens)
     out = torch.full((batch, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32)
     ends = cu_num_draft_tokens.tolist()

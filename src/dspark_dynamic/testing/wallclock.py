@@ -120,7 +120,8 @@ class WallclockResult:
         for a, b in CLAIMS:
             resolved, ratio = self.claim(a, b)
             if ratio is not None:
-                out["ratios"][f"{a} / {resolved}"] = ratio.as_dict()
+                name = f"{a} / {b} = {resolved}" if b.startswith("best of ") else f"{a} / {resolved}"
+                out["ratios"][name] = ratio.as_dict()
         return out
 
 
