@@ -3,7 +3,10 @@
 
 Drives ``DepthController`` exactly as the scheduler hook does (before_schedule, then
 plan_drafts, after_output with the step's counts) over fake requests, and prints microseconds per
-request-step.  Target: < 20 us.  Pure Python; no vLLM needed.
+request-step.  Target: < 20 us.  Pure Python; no vLLM needed.  Marker sets: DeepSeek-V4's
+single tokens (the fast path), and gpt-oss harmony's three-token channel headers (sequences
+sharing their first and last token), the latter also with a stream in which every 10th token is
+a header's last token without the rest of the header (candidates that must be checked).
 
     python scripts/bench_controller.py [--requests 2 8 64 256] [--steps 2000]
 """
@@ -21,11 +24,24 @@ from dspark_dynamic.testing.fakes import FakeRequest as Req
 
 START, END, DSML = 128821, 128822, 128825
 RULES = PhaseRules.of([START], [END, DSML])
+# gpt-oss harmony ids: <|start|>, <|channel|>, <|message|>, analysis, final, commentary
+H_START, CHANNEL, MESSAGE, ANALYSIS, FINAL, COMMENTARY = 200006, 200005, 200008, 35644, 17196, 12606
+HARMONY = PhaseRules.of(
+    [(CHANNEL, ANALYSIS, MESSAGE)], [(CHANNEL, FINAL, MESSAGE), (CHANNEL, COMMENTARY)], [H_START],
+    default=RULES.default.REASONING,
+)
+# name -> (rules, prompt suffix that opens reasoning, output marker that ends it, candidate noise)
+MARKER_SETS = {
+    "single": (RULES, [START], [END], None),
+    "harmony": (HARMONY, [H_START, CHANNEL, ANALYSIS, MESSAGE], [CHANNEL, FINAL, MESSAGE], None),
+    "harmony-noisy": (HARMONY, [H_START, CHANNEL, ANALYSIS, MESSAGE], [CHANNEL, FINAL, MESSAGE], MESSAGE),
+}
 
 
 
 
-def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: str) -> float:
+def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: str, markers: str = "single") -> float:
+    rules, opens, closes, noise = MARKER_SETS[markers]
     rng = random.Random(0)
     if policy_name == "adaptive":
         from dspark_dynamic.core.adaptive import AdaptivePolicy
@@ -34,15 +50,19 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
         policy = AdaptivePolicy.from_options(parse_options({"policy": "adaptive"}, 2))
     else:
         policy = PhasePolicy(1, 2)
-    ctl = DepthController(RULES, policy, batch)
-    reqs = [Req(f"r{i}", [rng.randrange(120000) for _ in range(2000)] + [START]) for i in range(num_requests)]
+    ctl = DepthController(rules, policy, batch)
+    reqs = [Req(f"r{i}", [rng.randrange(120000) for _ in range(2000)] + opens) for i in range(num_requests)]
     placeholder = [-1, -1]
     elapsed = 0.0
     for step in range(steps):
         for r in reqs:  # what vLLM does between two schedules (not timed)
-            r.output_token_ids.extend((rng.randrange(120000),) * rng.randint(1, 3))
+            new = [rng.randrange(120000) for _ in range(rng.randint(1, 3))]
+            if noise is not None and rng.random() < 0.2:
+                new[-1] = noise  # about every 10th token
+            r.output_token_ids.extend(new)
             if step == steps // 2:
-                r.output_token_ids.append(END)
+                r.output_token_ids.extend(closes)  # split across steps by the next extends
+
             r.spec_token_ids = placeholder
         t0 = time.perf_counter()
         decisions = ctl.before_schedule(reqs)
@@ -54,14 +74,15 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
     return elapsed / (steps * num_requests) * 1e6
 
 
-def bench_prompt_scan(n: int, marker_at: int | None) -> float:
+def bench_prompt_scan(n: int, marker_at: int | None, markers: str = "single") -> float:
+    rules, opens, _, _ = MARKER_SETS[markers]
     prompt = [i % 120_000 for i in range(n)]  # ordinary ids, none of them a marker
     if marker_at is not None:
-        prompt[marker_at] = START
+        prompt[marker_at - len(opens) + 1 : marker_at + 1] = opens
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
-        RequestPhase(RULES, prompt)
+        RequestPhase(rules, prompt)
         best = min(best, time.perf_counter() - t0)
     return best * 1e3
 
@@ -72,12 +93,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     args = ap.parse_args()
     print("controller cost per request per step (before_schedule + plan_drafts + after_output)")
-    print(f"{'requests':>9} {'policy':>9} {'batch_depth':>12} {'us/req/step':>12}")
-    for policy in ("phase", "adaptive"):
-        for batch in (BatchDepth.PER_REQUEST, BatchDepth.MAX):
-            for n in args.requests:
-                us = bench_steps(n, max(50, args.steps // max(1, n // 8)), batch, policy)
-                print(f"{n:>9} {policy:>9} {batch.value:>12} {us:>12.2f}")
+    print(f"{'requests':>9} {'policy':>9} {'batch_depth':>12} {'markers':>14} {'us/req/step':>12}")
+    for markers in MARKER_SETS:
+        for policy in ("phase", "adaptive"):
+            for batch in (BatchDepth.PER_REQUEST, BatchDepth.MAX):
+                if markers != "single" and batch is BatchDepth.MAX:
+                    continue  # the batch rule does not touch the marker path
+                for n in args.requests:
+                    us = bench_steps(n, max(50, args.steps // max(1, n // 8)), batch, policy, markers)
+                    print(f"{n:>9} {policy:>9} {batch.value:>12} {markers:>14} {us:>12.2f}")
     print("\nprompt scan, once per request (ms)")
     for n, where, label in (
         (1_000_000, 999_999, "1M tokens, marker last (DeepSeek-V4 template)"),
@@ -85,7 +109,8 @@ def main() -> None:
         (1_000_000, 500_000, "1M tokens, marker in the middle"),
         (1_000_000, None, "1M tokens, no marker at all (worst case)"),
     ):
-        print(f"  {label:<50} {bench_prompt_scan(n, where):8.3f}")
+        for markers in ("single", "harmony"):
+            print(f"  {label:<50} {markers:>8} {bench_prompt_scan(n, where, markers):8.3f}")
 
 
 if __name__ == "__main__":

@@ -44,9 +44,18 @@ def test_explicit_ids_need_no_tokenizer():
     assert m.rules().phase_of([1, 3]) is Phase.ANSWER
 
 
+def test_multi_token_marker_strings_become_sequences():
+    m = resolve({"think_start_token": "<r> <s>", "think_end_token": "</r>"})
+    assert (m.start_ids, m.end_ids) == (((13, 12),), (14,))
+    rules = m.rules()
+    assert rules.phase_of([1, 13, 12, 5]) is Phase.REASONING
+    assert rules.phase_of([1, 13, 5, 12]) is Phase.ANSWER  # the sequence broken up: no marker
+
+
 @pytest.mark.parametrize("raw", [{"think_start_token": "<nope> <x>"}, {"think_end_token": "a b"}])
-def test_multi_token_marker_is_rejected(raw):
-    with pytest.raises(DynamicDepthConfigError, match="exactly one token"):
+def test_marker_strings_with_unknown_tokens_are_rejected(raw):
+    key = next(iter(raw))
+    with pytest.raises(DynamicDepthConfigError, match=f"'{key}'.*known tokens"):
         resolve(raw)
 
 

@@ -18,6 +18,18 @@ def test_round_trip_through_dict():
     assert parse_options(opts.to_dict(), 3) == opts
 
 
+def test_marker_sequences_resets_and_default_phase_round_trip():
+    raw = {"reasoning_start_ids": [[7, 8, 9]], "reasoning_end_ids": [[7, 10, 9], 11, [12]],
+           "reasoning_reset_ids": [3], "default_phase": "reasoning"}
+    opts = parse_options(raw, 2)
+    assert opts.reasoning_start_ids == ((7, 8, 9),)
+    assert opts.reasoning_end_ids == ((7, 10, 9), 11, 12)  # a one-id list is that id
+    assert opts.markers_resolved and parse_options(opts.to_dict(), 2) == opts
+    # an end marker alone resolves when reasoning is the default phase
+    assert parse_options({"reasoning_end_ids": [4], "default_phase": "reasoning"}, 2).markers_resolved
+    assert not parse_options({"reasoning_end_ids": [4]}, 2).markers_resolved
+
+
 @pytest.mark.parametrize(
     "raw, n, key",
     [
@@ -31,6 +43,10 @@ def test_round_trip_through_dict():
         ({"think_end_token": 5}, 2, "think_end_token"),
         ({"reasoning_start_ids": ["x"]}, 2, "reasoning_start_ids"),
         ({"reasoning_start_ids": [5], "reasoning_end_ids": [5]}, 2, "reasoning_end_ids"),
+        ({"reasoning_start_ids": [[5, 6]], "reasoning_end_ids": [[5, 6]]}, 2, "reasoning_end_ids"),
+        ({"reasoning_end_ids": [[]]}, 2, "reasoning_end_ids"),
+        ({"reasoning_reset_ids": [[1, "x"]]}, 2, "reasoning_reset_ids"),
+        ({"default_phase": "thinking"}, 2, "default_phase"),
         ({"reasoning_dept": 1}, 2, "reasoning_dept"),
         ({"adaptive": {"explore": 0.9}}, 2, "adaptive.explore"),
         ({"adaptive": {"bogus": 1}}, 2, "adaptive.bogus"),

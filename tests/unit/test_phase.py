@@ -103,3 +103,106 @@ def test_million_token_prompt_scan_is_cheap_when_marker_is_at_the_end():
     RequestPhase(RULES, prompt)
     # generous bound for a loaded CI machine; the benchmark script prints the real number
     assert time.perf_counter() - start < 0.05
+
+
+# --- multi-token markers (harmony-style channel headers sharing tokens) and resets ---------
+C, AN, FI, CO, M, ST = 50, 51, 52, 53, 54, 55  # <|channel|> analysis final commentary <|message|> <|start|>
+SEQ = PhaseRules.of([(C, AN, M)], [(C, FI, M), (C, CO)], reset=[ST], default=Phase.REASONING)
+
+
+def brute_phase(tokens, default=Phase.REASONING):
+    """Reference: walk forward, the last complete marker wins."""
+    phase = default
+    for i in range(len(tokens)):
+        if tokens[max(0, i - 2) : i + 1] == [C, AN, M]:
+            phase = Phase.REASONING
+        elif tokens[max(0, i - 2) : i + 1] == [C, FI, M] or tokens[max(0, i - 1) : i + 1] == [C, CO]:
+            phase = Phase.ANSWER
+        elif tokens[i] == ST:
+            phase = default
+    return phase
+
+
+@pytest.mark.parametrize(
+    "tokens, expected",
+    [
+        ([1, C, AN, M, 2], Phase.REASONING),
+        ([C, AN, M, 2, C, FI, M, 3], Phase.ANSWER),
+        ([C, FI, M, 3, ST, 7], Phase.REASONING),  # a new message resets to the default
+        ([C, FI, 3, M], Phase.REASONING),  # broken header: no marker at all
+        ([C, AN, M, C, CO, 9], Phase.ANSWER),
+        ([FI, M, 2], Phase.REASONING),  # the tail of a marker alone is nothing
+    ],
+)
+def test_sequence_markers(tokens, expected):
+    assert SEQ.phase_of(tokens) is expected
+    assert brute_phase(tokens) is expected
+
+
+def test_sequence_rules_take_the_single_path_only_without_sequences():
+    assert SEQ.lookback == 2 and RULES.lookback == 0
+    assert PhaseRules.of([[S]], [[E]]) == PhaseRules.of([S], [E])  # one-token sequences are ids
+
+
+def test_sequence_split_across_steps_and_prompt_at_every_cut():
+    stream = [ST, 9, C, AN, M, 1, 2, C, 3, C, FI, M, 4, C, AN, M, 5, C, CO, 6]
+    for cut in range(len(stream)):
+        prompt, output = stream[:cut], stream[cut:]
+        rng = random.Random(cut)
+        state = SEQ.track(type("R", (), {"prompt_token_ids": prompt})())
+        assert state.phase is brute_phase(prompt)
+        fed = 0
+        while fed < len(output):
+            fed = min(len(output), fed + rng.randint(1, 3))
+            assert state.advance(SEQ, output[:fed]) is brute_phase(stream[: cut + fed]), (cut, fed)
+
+
+def test_sequence_incremental_matches_reference_on_random_streams():
+    rng = random.Random(3)
+    alphabet = [C, AN, FI, CO, M, ST, 1, 2]
+    for _ in range(300):
+        prompt = [rng.choice(alphabet) for _ in range(rng.randrange(0, 12))]
+        state = RequestPhase(SEQ, prompt)
+        output: list[int] = []
+        for _ in range(rng.randrange(1, 12)):
+            output.extend(rng.choice(alphabet) for _ in range(rng.randrange(0, 4)))
+            assert state.advance(SEQ, output) is brute_phase(prompt + output)
+        del output[rng.randrange(0, len(output) + 1):]  # rolled back
+        assert state.advance(SEQ, output) is brute_phase(prompt + output)
+
+
+def test_sequence_advance_reads_new_tokens_plus_lookback():
+    reads = []
+
+    class Recording(list):
+        def __getitem__(self, item):
+            if isinstance(item, slice):
+                reads.append(len(range(*item.indices(len(self)))))
+            return super().__getitem__(item)
+
+    state = RequestPhase(SEQ, [C, AN, M])
+    out = Recording()
+    for i in range(1000):
+        out.append(7 + i % 3)
+        state.advance(SEQ, out)
+    assert max(reads) <= 1 + SEQ.lookback and state.phase is Phase.REASONING
+
+
+def test_sequence_far_back_in_a_long_prompt():
+    tokens = [7] * 50_000
+    tokens[100:103] = [C, FI, M]
+    tokens[30_000] = M  # a lone last token: a candidate, not a marker
+    assert SEQ.last_phase(tokens) is Phase.ANSWER
+    tokens[40_000:40_003] = [C, AN, M]
+    assert SEQ.last_phase(tokens) is Phase.REASONING
+    assert SEQ.last_phase([7] * 50_000) is None
+
+
+def test_sequence_rules_reject_contradictions():
+    with pytest.raises(ValueError, match="both a start and an end"):
+        PhaseRules.of([(C, AN, M)], [(C, AN, M)])
+    with pytest.raises(ValueError, match="end marker"):
+        PhaseRules.of([(C, AN, M)], [], default=Phase.REASONING)
+    with pytest.raises(ValueError, match="start marker unless"):
+        PhaseRules.of([], [(C, FI, M)])  # default answer and no way into reasoning
+    assert PhaseRules.of([], [(C, FI, M)], default=Phase.REASONING).phase_of([1]) is Phase.REASONING

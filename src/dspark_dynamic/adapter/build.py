@@ -3,7 +3,8 @@
 Data flows one way::
 
     additional_config["dspark_dynamic"] --parse_options--> options
-        --resolve_markers (options, then the reasoning parser, then the tokenizer)--> marker ids
+        --resolve_markers (options, then the reasoning parser, then the tokenizer)--> markers
+        (ids or id sequences; or the parser's own API)
         --> policy (phase | adaptive), batch depth, stats (+ trace file) --> DepthController
 
 ``resolve_options`` is the validating half: the argument-parsing process runs it (through the
@@ -87,13 +88,16 @@ def resolve_options(
         )
     check_trace_path(options.trace_path)
     markers = resolve_markers(options, reasoning_parser, tokenizer_getter(model_config))
-    options = replace(
-        options,
-        reasoning_start_ids=markers.start_ids,
-        reasoning_end_ids=markers.end_ids,
-        think_start_token=None,
-        think_end_token=None,
-    )
+    if markers.api is None:  # marker ids say it all: the engine core needs no tokenizer
+        options = replace(
+            options,
+            reasoning_start_ids=markers.start_ids,
+            reasoning_end_ids=markers.end_ids,
+            reasoning_reset_ids=markers.reset_ids,
+            default_phase=markers.default.label,
+            think_start_token=None,
+            think_end_token=None,
+        )
     return options, markers
 
 
@@ -135,7 +139,7 @@ def build_controller(vllm_config: Any) -> BuiltController | None:
     )
     batch_depth = resolve_batch_depth(options, vllm_config)
     trace = open(options.trace_path, "a", buffering=1) if options.trace_path else None
-    controller = DepthController(markers.rules(), build_policy(options), batch_depth, PhaseStats(trace))
+    controller = DepthController(markers.detector(), build_policy(options), batch_depth, PhaseStats(trace))
     return BuiltController(options, markers, batch_depth, controller, trace)
 
 

@@ -1,101 +1,87 @@
-"""Resolve think-marker token ids.
+"""Resolve what sets a request's phase: marker ids (single tokens or sequences), or a parser.
 
-Order, per side (start / end): explicit ids option -> explicit token-string option -> the
-configured ``--reasoning-parser`` (vLLM's own parser class says which strings open and close
-reasoning) -> the tokenizer's ``<think>`` / ``</think>``.  Parsers whose models end reasoning
-implicitly when a tool call starts (DeepSeek-V4: ``｜DSML｜``) add that token to the end ids.
-Every marker must be a single token id; otherwise resolution fails with a clear error.
+One order, per side (start / end): the explicit ids option -> the explicit token-string option
+-> the configured ``--reasoning-parser`` (see ``reasoning_parsers``) -> the tokenizer's
+``<think>`` / ``</think>``.  Reset markers and the default phase come from the options, else
+from the parser.  A configured parser that cannot be followed is an error, never a silent
+fallback.  Where the parser names no markers but checks reasoning ends on each step's new
+tokens, its own API follows the phase (``ResolvedMarkers.api``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from dspark_dynamic.adapter.reasoning_parsers import ParserApiDetector, ParserPhase, encode_marker, parser_phase
 from dspark_dynamic.core.options import DynamicDepthConfigError, DynamicDepthOptions
-from dspark_dynamic.core.phase import PhaseRules
+from dspark_dynamic.core.phase import Marker, Phase, PhaseDetector, PhaseRules, as_marker
 
 logger = logging.getLogger("vllm.dspark_dynamic")
 
 DEFAULT_START = "<think>"
 DEFAULT_END = "</think>"
-# Reasoning parsers whose models may leave reasoning by starting a tool call without </think>.
-IMPLICIT_END_TOKENS: dict[str, tuple[str, ...]] = {
-    "deepseek_v4": ("｜DSML｜",),
-    "deepseek_v41": ("｜DSML｜",),
-}
+
+Option = int | tuple[int, ...]
+
+
+def _option_form(marker: Marker) -> Option:
+    return marker[0] if len(marker) == 1 else marker
 
 
 @dataclass(frozen=True)
 class ResolvedMarkers:
-    start_ids: tuple[int, ...]
-    end_ids: tuple[int, ...]
+    start_ids: tuple[Option, ...]
+    end_ids: tuple[Option, ...]
     source: str
+    reset_ids: tuple[Option, ...] = ()
+    default: Phase = Phase.ANSWER
+    api: Callable[[], Any] | None = field(default=None, compare=False)
 
     def rules(self) -> PhaseRules:
-        return PhaseRules.of(self.start_ids, self.end_ids)
+        return PhaseRules.of(self.start_ids, self.end_ids, self.reset_ids, self.default)
+
+    def detector(self) -> PhaseDetector:
+        return ParserApiDetector(self.api) if self.api is not None else self.rules()
 
 
 def single_token_id(tokenizer: Any, text: str) -> int | None:
     """The id of ``text`` if the tokenizer has it as exactly one token, else None."""
-    vocab = tokenizer.get_vocab()
-    if text in vocab:
-        return int(vocab[text])
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) != 1:
-        return None
-    # Guard against an unknown-token id standing in for text the vocabulary lacks.
-    return int(ids[0]) if tokenizer.decode(ids) == text else None
-
-
-def parser_marker_strings(parser_name: str, tokenizer: Any) -> tuple[str | None, str | None]:
-    """Ask vLLM's registered reasoning parser which strings start and end reasoning."""
-    from vllm.reasoning import ReasoningParserManager
-
-    parser_cls = ReasoningParserManager.get_reasoning_parser(parser_name)
-    # Thinking-mode kwargs: dispatching parsers (DeepSeek-V4) otherwise build an identity parser.
-    kwargs = {"chat_template_kwargs": {"thinking": True, "enable_thinking": True}}
-    try:
-        parser = parser_cls(tokenizer, **kwargs)
-    except TypeError:
-        parser = parser_cls(tokenizer)
-    start = getattr(parser, "reasoning_start_str", None) or getattr(parser, "start_token", None)
-    end = getattr(parser, "reasoning_end_str", None) or getattr(parser, "end_token", None)
-    return (start if isinstance(start, str) else None, end if isinstance(end, str) else None)
+    marker = encode_marker(tokenizer, text)
+    return marker[0] if marker is not None and len(marker) == 1 else None
 
 
 def _resolve_side(
     side: str,
-    ids: tuple[int, ...],
+    ids: tuple[Option, ...],
     token: str | None,
-    parsed: str | None,
-    default: str,
+    parsed: tuple[Marker, ...] | None,
     tokenizer: Any,
     parser: str | None,
-    parser_note: str,
-) -> tuple[tuple[int, ...], str]:
-    """Ids and source for one side ("start" / "end"), in the documented order."""
+) -> tuple[tuple[Marker, ...], str]:
+    """Markers and source for one side ("start" / "end"), in the documented order."""
     if ids:
-        return ids, f"reasoning_{side}_ids option"
+        return tuple(as_marker(i) for i in ids), f"reasoning_{side}_ids option"
     if token is not None:
-        tid = single_token_id(tokenizer, token)
-        if tid is None:
+        marker = encode_marker(tokenizer, token)
+        if marker is None:
             raise DynamicDepthConfigError(
                 f"dspark_dynamic: invalid option 'think_{side}_token'={token!r}; allowed: a string "
-                "that the tokenizer encodes as exactly one token"
+                "that the tokenizer encodes to known tokens (one token or a sequence)"
             )
-        return (tid,), f"think_{side}_token option"
-    for text, source in ((parsed, f"reasoning parser {parser!r}"), (default, "tokenizer vocabulary")):
-        tid = single_token_id(tokenizer, text) if text is not None else None
-        if tid is not None:
-            return (tid,), source
-    parser_part = f"reasoning parser {parser!r} gave none{parser_note}" if parser else "no --reasoning-parser"
+        return (marker,), f"think_{side}_token option"
+    if parsed is not None:
+        return parsed, f"reasoning parser {parser!r}"
+    default = DEFAULT_START if side == "start" else DEFAULT_END
+    marker = encode_marker(tokenizer, default)
+    if marker is not None and len(marker) == 1:
+        return (marker,), "tokenizer vocabulary"
     raise DynamicDepthConfigError(
         f"dspark_dynamic: cannot resolve the think {side} marker: no 'think_{side}_token' or "
-        f"'reasoning_{side}_ids' option, {parser_part}, and the tokenizer has no single token "
-        f"{default!r}. Set 'think_start_token'/'think_end_token' (single tokens) or "
+        f"'reasoning_{side}_ids' option, no --reasoning-parser, and the tokenizer has no single "
+        f"token {default!r}. Set 'think_start_token'/'think_end_token' or "
         "'reasoning_start_ids'/'reasoning_end_ids'."
     )
 
@@ -105,42 +91,61 @@ def resolve_markers(
     reasoning_parser: str | None,
     get_tokenizer: Callable[[], Any],
 ) -> ResolvedMarkers:
-    """Resolve the marker ids for ``options``; raises DynamicDepthConfigError if impossible."""
+    """Resolve the phase markers for ``options``; raises DynamicDepthConfigError if impossible."""
+    explicit_default = Phase[options.default_phase.upper()] if options.default_phase else None
     if options.markers_resolved and options.think_start_token is None and options.think_end_token is None:
-        return ResolvedMarkers(options.reasoning_start_ids, options.reasoning_end_ids, "options (ids)")
+        return ResolvedMarkers(
+            options.reasoning_start_ids, options.reasoning_end_ids, "options (ids)",
+            options.reasoning_reset_ids, explicit_default or Phase.ANSWER,
+        )
     tokenizer = get_tokenizer()
     if tokenizer is None:
         raise DynamicDepthConfigError(
             "dspark_dynamic: the think markers cannot be resolved without a tokenizer "
             "(skip_tokenizer_init is set); give 'reasoning_start_ids' and 'reasoning_end_ids'"
         )
-    parsed: tuple[str | None, str | None] = (None, None)
-    parser_note = ""
-    if reasoning_parser:
-        try:
-            parsed = parser_marker_strings(reasoning_parser, tokenizer)
-        except Exception as exc:  # an unusual parser: fall back to the vocabulary
-            parser_note = f" (it failed: {exc})"
-            logger.warning("dspark_dynamic: reasoning parser %r failed: %s", reasoning_parser, exc)
-    start_ids, start_src = _resolve_side(
-        "start", options.reasoning_start_ids, options.think_start_token, parsed[0], DEFAULT_START,
-        tokenizer, reasoning_parser, parser_note,
+    start_given = bool(options.reasoning_start_ids) or options.think_start_token is not None
+    end_given = bool(options.reasoning_end_ids) or options.think_end_token is not None
+    parsed: ParserPhase | None = None
+    if reasoning_parser and not (start_given and end_given and explicit_default is not None):
+        parsed = parser_phase(reasoning_parser, tokenizer)
+    if parsed is not None and parsed.api is not None:
+        if start_given or end_given:
+            raise DynamicDepthConfigError(
+                f"dspark_dynamic: reasoning parser {reasoning_parser!r} names no markers (its own "
+                "API follows the phase); give both 'think_start_token' and 'think_end_token' (or "
+                "both 'reasoning_*_ids') to use markers instead"
+            )
+        return ResolvedMarkers((), (), f"reasoning parser {reasoning_parser!r} (parser API)",
+                               default=parsed.default, api=parsed.api)
+    start, start_src = _resolve_side(
+        "start", options.reasoning_start_ids, options.think_start_token,
+        parsed.start if parsed else None, tokenizer, reasoning_parser,
     )
-    end_ids, end_src = _resolve_side(
-        "end", options.reasoning_end_ids, options.think_end_token, parsed[1], DEFAULT_END,
-        tokenizer, reasoning_parser, parser_note,
+    end, end_src = _resolve_side(
+        "end", options.reasoning_end_ids, options.think_end_token,
+        parsed.end if parsed else None, tokenizer, reasoning_parser,
     )
-    if set(start_ids) & set(end_ids):
+    both = set(start) & set(end)
+    if both:
         raise DynamicDepthConfigError(
             f"dspark_dynamic: think start and end markers resolve to the same token ids "
-            f"{sorted(set(start_ids) & set(end_ids))}; set distinct think_start_token/think_end_token"
+            f"{sorted(list(m) for m in both)}; set distinct think_start_token/think_end_token"
         )
-    implicit = []
-    for text in IMPLICIT_END_TOKENS.get(reasoning_parser or "", ()):
-        tid = single_token_id(tokenizer, text)
-        if tid is not None and tid not in end_ids and tid not in start_ids:
-            implicit.append(tid)
+    reset = tuple(as_marker(i) for i in options.reasoning_reset_ids)
+    if not reset and parsed is not None:
+        reset = tuple(m for m in parsed.reset if m not in start and m not in end)
+    default = explicit_default or (parsed.default if parsed is not None else Phase.ANSWER)
     source = f"start from {start_src}, end from {end_src}"
-    if implicit:
-        source += f", implicit end {implicit} from {reasoning_parser!r}"
-    return ResolvedMarkers(start_ids, end_ids + tuple(implicit), source)
+    if parsed is not None:
+        source += f"; reasoning parser {reasoning_parser!r} via {parsed.how}"
+    source += f"; default {default.label}"
+    if default is Phase.ANSWER and not start:
+        raise DynamicDepthConfigError("dspark_dynamic: no start marker and default phase 'answer': never reasons")
+    return ResolvedMarkers(
+        tuple(_option_form(m) for m in start),
+        tuple(_option_form(m) for m in end),
+        source,
+        tuple(_option_form(m) for m in reset),
+        default,
+    )

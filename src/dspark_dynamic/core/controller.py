@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dspark_dynamic.core.phase import Phase, PhaseRules, RequestPhase
+from dspark_dynamic.core.phase import Phase, PhaseDetector, PhaseTracker
 from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, apply_batch_depth
 from dspark_dynamic.core.stats import PhaseStats
 
@@ -51,7 +51,7 @@ class StepTiming:
 class DepthController:
     def __init__(
         self,
-        rules: PhaseRules,
+        rules: PhaseDetector,
         policy: DepthPolicy,
         batch_depth: BatchDepth = BatchDepth.PER_REQUEST,
         stats: PhaseStats | None = None,
@@ -60,13 +60,13 @@ class DepthController:
         self.policy = policy
         self.batch_depth = batch_depth
         self.stats = stats if stats is not None else PhaseStats()
-        self.states: dict[str, RequestPhase] = {}
+        self.states: dict[str, PhaseTracker] = {}
         self.plans: dict[str, tuple[Phase, int]] = {}  # depth chosen for a request's next step
 
     def phase_of(self, request: Any) -> Phase:
         state = self.states.get(request.request_id)
         if state is None:
-            state = RequestPhase(self.rules, request.prompt_token_ids)
+            state = self.rules.track(request)
             self.states[request.request_id] = state
         return state.advance(self.rules, request.output_token_ids)
 

@@ -19,6 +19,8 @@ CONFIG_KEY = "dspark_dynamic"
 ALIAS_METHOD = "dspark_dynamic"
 POLICIES = ("phase", "adaptive")
 BATCH_DEPTHS = ("auto",) + tuple(m.value for m in BatchDepth)
+PHASES = ("reasoning", "answer")
+MARKER_KEYS = ("reasoning_start_ids", "reasoning_end_ids", "reasoning_reset_ids")
 
 
 class DynamicDepthConfigError(ValueError):
@@ -53,8 +55,11 @@ class DynamicDepthOptions:
     answer_depth: int
     policy: str = "phase"
     batch_depth: str = "auto"
-    reasoning_start_ids: tuple[int, ...] = ()
-    reasoning_end_ids: tuple[int, ...] = ()
+    # markers: each an id or a tuple of ids (a multi-token sequence)
+    reasoning_start_ids: tuple[int | tuple[int, ...], ...] = ()
+    reasoning_end_ids: tuple[int | tuple[int, ...], ...] = ()
+    reasoning_reset_ids: tuple[int | tuple[int, ...], ...] = ()
+    default_phase: str | None = None  # phase with no marker; None: the parser's, else "answer"
     think_start_token: str | None = None
     think_end_token: str | None = None
     log_interval_s: float = 10.0
@@ -64,13 +69,16 @@ class DynamicDepthOptions:
 
     @property
     def markers_resolved(self) -> bool:
-        return bool(self.reasoning_start_ids) and bool(self.reasoning_end_ids)
+        """Marker ids alone define the phase (no tokenizer or parser needed)."""
+        return bool(self.reasoning_end_ids) and (
+            bool(self.reasoning_start_ids) or self.default_phase == "reasoning"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("num_speculative_tokens")
-        out["reasoning_start_ids"] = list(self.reasoning_start_ids)
-        out["reasoning_end_ids"] = list(self.reasoning_end_ids)
+        for key in MARKER_KEYS:
+            out[key] = [m if isinstance(m, int) else list(m) for m in getattr(self, key)]
         return out
 
 
@@ -96,23 +104,35 @@ def _float(key: str, value: Any, lo: float, hi: float) -> float:
     return float(value)
 
 
-def _ids(key: str, value: Any) -> tuple[int, ...]:
+def _is_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _ids(key: str, value: Any) -> tuple[int | tuple[int, ...], ...]:
+    """Markers: a list whose items are token ids or non-empty lists of ids (sequences)."""
     if value is None:
         return ()
-    if isinstance(value, int) and not isinstance(value, bool):
+    if _is_id(value):
         value = [value]
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-    ):
-        raise _fail(key, value, "a list of non-negative token ids")
-    return tuple(value)
+    allowed = "a list of markers, each a non-negative token id or a non-empty list of them"
+    if not isinstance(value, (list, tuple)):
+        raise _fail(key, value, allowed)
+    out: list[int | tuple[int, ...]] = []
+    for item in value:
+        if _is_id(item):
+            out.append(item)
+        elif isinstance(item, (list, tuple)) and item and all(_is_id(v) for v in item):
+            out.append(item[0] if len(item) == 1 else tuple(item))
+        else:
+            raise _fail(key, value, allowed)
+    return tuple(out)
 
 
 def _token(key: str, value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise _fail(key, value, "a non-empty string that is one token of the tokenizer")
+        raise _fail(key, value, "a non-empty string the tokenizer encodes to known tokens")
     return value
 
 
@@ -179,8 +199,12 @@ def parse_options(raw: Any, num_speculative_tokens: int | None) -> DynamicDepthO
         raise _fail("bound_drafts", bound_drafts, "true or false")
     start_ids = _ids("reasoning_start_ids", raw.get("reasoning_start_ids"))
     end_ids = _ids("reasoning_end_ids", raw.get("reasoning_end_ids"))
+    reset_ids = _ids("reasoning_reset_ids", raw.get("reasoning_reset_ids"))
     if set(start_ids) & set(end_ids):
-        raise _fail("reasoning_end_ids", list(end_ids), "ids disjoint from reasoning_start_ids")
+        raise _fail("reasoning_end_ids", raw.get("reasoning_end_ids"), "markers disjoint from reasoning_start_ids")
+    default_phase = raw.get("default_phase")
+    if default_phase is not None and default_phase not in PHASES:
+        raise _fail("default_phase", default_phase, " | ".join(PHASES) + " | null (from the reasoning parser)")
     return DynamicDepthOptions(
         num_speculative_tokens=n,
         reasoning_depth=_int("reasoning_depth", raw.get("reasoning_depth", min(1, n)), 0, n, hint),
@@ -189,6 +213,8 @@ def parse_options(raw: Any, num_speculative_tokens: int | None) -> DynamicDepthO
         batch_depth=batch_depth,
         reasoning_start_ids=start_ids,
         reasoning_end_ids=end_ids,
+        reasoning_reset_ids=reset_ids,
+        default_phase=default_phase,
         think_start_token=_token("think_start_token", raw.get("think_start_token")),
         think_end_token=_token("think_end_token", raw.get("think_end_token")),
         log_interval_s=_float("log_interval_s", raw.get("log_interval_s", 10.0), 0.0, 86400.0),

@@ -81,10 +81,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(**kwargs)
     init_s = time.monotonic() - t0
     from dspark_dynamic.adapter.patches.scheduler import latest_controller
+    from dspark_dynamic.core.options import MARKER_KEYS
 
     report: dict[str, Any] = {"init_s": init_s, "batches": []}
     if hook := latest_controller():
         report["scheduler_cls"] = hook.scheduler_cls
+        report["markers"] = hook.markers_source
+        report["marker_ids"] = {k: list(getattr(hook.options, k)) for k in MARKER_KEYS}
+        report["default_phase"] = hook.options.default_phase
     for batch in spec["batches"]:
         prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in batch]
         params = [
@@ -127,6 +131,7 @@ def abort_storm(llm: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     from vllm.v1.request import RequestStatus
 
     from dspark_dynamic.adapter.patches.scheduler import latest_controller
+    from dspark_dynamic.core.options import MARKER_KEYS
 
     engine = llm.llm_engine
     n = int(cfg.get("requests", 1000))

@@ -123,9 +123,13 @@ def _write_tokenizer(out: Path, script: Script) -> None:
 
     tok = Tokenizer(models.WordLevel(vocab=script.vocab(), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    # scripts may bring their own marker tokens, and decode without spaces (markers spelled as
+    # one string, e.g. harmony's "<|channel|>final<|message|>", then round-trip)
+    fuse = getattr(script, "fuse_decoding", False)
+    tok.decoder = decoders.Fuse() if fuse else decoders.WordPiece(prefix="##", cleanup=False)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)])
+    added = getattr(script, "added_tokens", (THINK_START, THINK_END))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps(

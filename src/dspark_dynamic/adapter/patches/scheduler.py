@@ -45,6 +45,7 @@ class SchedulerHook:
     def __init__(self, built: Any, scheduler_cls: str) -> None:
         self.scheduler_cls = scheduler_cls  # which vLLM scheduler class it sits in (reports)
         self.options = built.options
+        self.markers_source = built.markers.source  # how the phase is followed (reports)
         self.controller = built.controller
         self.pending: OrderedDict[int, tuple[dict, float]] = OrderedDict()  # output id -> decisions, start
         self.counted: dict[str, tuple[int, int]] | None = None  # this update's (verified, accepted) per request

@@ -1,0 +1,205 @@
+"""Phase detection for every reasoning parser the installed vLLM registers.
+
+Each parser runs on its case (``dspark_dynamic.testing.parser_cases``): the real tokenizer where a
+package ships one offline, else a synthetic vocabulary carrying the parser's markers.  The output
+is fed in random step sizes, so multi-token markers are split across steps.
+"""
+
+import random
+import re
+from types import SimpleNamespace
+
+import pytest
+
+vllm_reasoning = pytest.importorskip("vllm.reasoning")
+
+from dspark_dynamic.adapter.markers import resolve_markers  # noqa: E402
+from dspark_dynamic.adapter.reasoning_parsers import DECLARED, build_parser  # noqa: E402
+from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options  # noqa: E402
+from dspark_dynamic.core.phase import Phase  # noqa: E402
+from dspark_dynamic.testing.parser_cases import CASES, REFUSED, SyntheticTokenizer, resolve_case, stream  # noqa: E402
+
+ReasoningParser = vllm_reasoning.ReasoningParser
+ReasoningParserManager = vllm_reasoning.ReasoningParserManager
+REGISTERED = ReasoningParserManager.list_registered()
+
+
+def request(prompt, output=()):
+    return SimpleNamespace(prompt_token_ids=list(prompt), output_token_ids=list(output),
+                           all_token_ids=list(prompt) + list(output))
+
+
+def follow(detector, prompt, output, rng):
+    """Phase after the prompt, then after each output token, fed in steps of 1-3 tokens."""
+    req = request(prompt)
+    tracker = detector.track(req)
+    phases = [None] * len(output)
+    at_prompt = tracker.advance(detector, []).label
+    i = 0
+    while i < len(output):
+        j = min(len(output), i + rng.randint(1, 3))
+        req.output_token_ids = list(output[:j])
+        req.all_token_ids = list(prompt) + list(output[:j])
+        phases[j - 1] = tracker.advance(detector, req.output_token_ids).label
+        for k in range(i, j - 1):  # mid-step tokens: the phase is only known at step ends
+            phases[k] = "?"
+        i = j
+    return at_prompt, phases
+
+
+def test_every_registered_parser_has_a_case():
+    # a parser added to vLLM fails here until it is classified (supported, or refused with a reason)
+    assert sorted(CASES) == REGISTERED
+
+
+@pytest.mark.parametrize("name", REGISTERED)
+def test_phase_follows_the_parser(name):
+    case = CASES[name]
+    markers, tokenizer = resolve_case(name)
+    assert markers.api is None  # every built-in parser is expressed by markers
+    s = stream(case, tokenizer)
+    detector = markers.detector()
+    for seed in range(5):
+        at_prompt, phases = follow(detector, s.prompt, s.output, random.Random(seed))
+        assert at_prompt == case.prompt_phase, (name, markers.source)
+        for i, (got, want) in enumerate(zip(phases, s.expected)):
+            assert got in ("?", want), (name, seed, i, tokenizer.decode(s.output[: i + 1])[-40:], markers.source)
+    # the close marker flips the phase on its last token, not before
+    assert s.expected[s.answer_from - 2] == "reasoning" and s.expected[s.answer_from - 1] == "answer"
+    if case.api_agrees:  # vLLM's own gate agrees token by token
+        parser, _ = build_parser(name, tokenizer)
+        assert parser.is_reasoning_end(s.prompt) is (case.prompt_phase == "answer")
+        for i, want in enumerate(s.expected):
+            assert parser.is_reasoning_end(s.prompt + s.output[: i + 1]) is (want == "answer"), (name, i)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_parser_refused(name):
+    refused = REFUSED[name]
+    tokenizer = refused.case.make_tokenizer()
+    with pytest.raises(DynamicDepthConfigError, match=refused.reason) as err:
+        resolve_markers(parse_options({}, 2), name, lambda: tokenizer)
+    assert name in str(err.value)
+
+
+def test_explicit_options_need_no_parser():
+    # options come first: a parser that could not be built is never asked
+    tokenizer = REFUSED["hf"].case.make_tokenizer()
+    raw = {"think_start_token": "<think>", "think_end_token": "</think>", "default_phase": "answer"}
+    m = resolve_markers(parse_options(raw, 2), "hf", lambda: tokenizer)
+    assert m.start_ids == (tokenizer.get_vocab()["<think>"],) and m.default is Phase.ANSWER
+
+
+def test_unknown_parser_is_an_error():
+    with pytest.raises(DynamicDepthConfigError, match="no_such_parser"):
+        resolve_markers(parse_options({}, 2), "no_such_parser", lambda: SyntheticTokenizer(["<think>"]))
+
+
+def test_declared_markers_are_for_registered_parsers():
+    assert set(DECLARED) <= set(REGISTERED)
+
+
+def test_deepseek_v4_markers_unchanged():
+    markers, tokenizer = resolve_case("deepseek_v4")
+    assert (markers.start_ids, markers.end_ids, markers.reset_ids) == ((128821,), (128822, 128825), ())
+    assert markers.default is Phase.ANSWER
+    rules = markers.rules()
+    assert rules.lookback == 0  # single-token fast path
+
+
+def test_harmony_markers_are_sequences_sharing_tokens():
+    markers, tokenizer = resolve_case("openai_gptoss")
+    rules = markers.rules()
+    assert rules.lookback == 2 and not rules.start_ids and not rules.end_ids
+    enc = lambda t: tokenizer.encode(t)  # noqa: E731
+    # <|message|> ends both channel headers; only the whole sequence decides
+    assert rules.phase_of(enc("<|start|>assistant<|channel|>final<|message|>x")) is Phase.ANSWER
+    assert rules.phase_of(enc("<|start|>assistant<|channel|>analysis<|message|>x")) is Phase.REASONING
+    assert rules.phase_of(enc("<|channel|>final<|message|>x<|end|><|start|>assistant")) is Phase.REASONING
+    # the previous turn's final answer in the history does not decide the new turn
+    history = "<|start|>assistant<|channel|>final<|message|>4<|end|><|start|>user<|message|>and 3+3?<|end|>"
+    assert rules.phase_of(enc(history + "<|start|>assistant")) is Phase.REASONING
+
+
+def test_marker_split_between_prompt_and_output():
+    markers, tokenizer = resolve_case("openai_gptoss")
+    rules = markers.rules()
+    ids = tokenizer.encode("<|start|>assistant<|channel|>analysis<|message|>x y<|end|><|start|>assistant<|channel|>final<|message|>z")
+    for cut in range(1, len(ids)):
+        tracker = rules.track(request(ids[:cut]))
+        assert tracker.advance(rules, ids[cut:]) is Phase.ANSWER, cut
+
+
+class _TextEndParser(ReasoningParser):
+    """A plugin-style parser naming no markers: reasoning ends at the word 'Answer:'."""
+
+    def __init__(self, tokenizer, *args, **kwargs):
+        super().__init__(tokenizer, *args, **kwargs)
+        self.calls = 0
+
+    def is_reasoning_end(self, input_ids):
+        return "Answer:" in self.model_tokenizer.decode(list(input_ids))
+
+    def extract_content_ids(self, input_ids):
+        return input_ids
+
+    def extract_reasoning(self, model_output, request):
+        return None, model_output
+
+    def extract_reasoning_streaming(self, *args):
+        return None
+
+
+class _StreamingTextEndParser(_TextEndParser):
+    def is_reasoning_end_streaming(self, input_ids, delta_ids):
+        self.calls += 1
+        return "Answer:" in self.model_tokenizer.decode(list(input_ids)[-8:])
+
+
+@pytest.fixture
+def plugin_parsers():
+    ReasoningParserManager.register_module("test_streaming_text_end", module=_StreamingTextEndParser)
+    ReasoningParserManager.register_module("test_text_end", module=_TextEndParser)
+    yield
+    ReasoningParserManager.reasoning_parsers.pop("test_streaming_text_end", None)
+    ReasoningParserManager.reasoning_parsers.pop("test_text_end", None)
+
+
+def test_parser_api_follows_a_parser_without_markers(plugin_parsers):
+    tokenizer = SyntheticTokenizer(["<|user|>"])
+    m = resolve_markers(parse_options({}, 2), "test_streaming_text_end", lambda: tokenizer)
+    assert m.api is not None and "parser API" in m.source and m.default is Phase.REASONING
+    detector = m.detector()
+    prompt = tokenizer.encode("<|user|>What is 2+2? Think first.")
+    output = tokenizer.encode(" two and two make four. Answer: 4")
+    req = request(prompt)
+    tracker = detector.track(req)
+    seen = []
+    for j in range(1, len(output) + 1):
+        req.output_token_ids, req.all_token_ids = output[:j], prompt + output[:j]
+        seen.append(tracker.advance(detector, req.output_token_ids))
+    flip = seen.index(Phase.ANSWER)
+    assert tokenizer.decode(output[: flip + 1]).endswith("Answer:") and set(seen[flip:]) == {Phase.ANSWER}
+    assert tracker.parser.calls == flip + 1  # asked once per step until it ended, never after
+    # a prompt that already ended reasoning starts in the answer
+    assert detector.track(request(prompt + output)).phase is Phase.ANSWER
+
+
+def test_parser_without_markers_or_a_step_check_is_refused(plugin_parsers):
+    tokenizer = SyntheticTokenizer(["<|user|>"])
+    with pytest.raises(DynamicDepthConfigError, match=re.escape("'test_text_end'") + ".*rescans the whole sequence"):
+        resolve_markers(parse_options({}, 2), "test_text_end", lambda: tokenizer)
+
+
+def test_readme_shows_the_printed_table():
+    from pathlib import Path
+
+    from dspark_dynamic.testing.parser_cases import table
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    begin, end = "<!-- parser table: generated -->\n", "<!-- parser table: end -->\n"
+    assert begin in text and end in text, "README lost its parser-table markers"
+    shown = text.split(begin, 1)[1].split(end, 1)[0]
+    assert shown == table(), "README's parser table is out of date: python -m dspark_dynamic.testing.parser_cases --table"
+    for name in REGISTERED:
+        assert f"| `{name}` |" in shown
