@@ -107,6 +107,27 @@ def test_no_markers_anywhere_fails_clearly(model, tmp_path):
         args.create_engine_config()
 
 
+@pytest.mark.parametrize(
+    "parser, start, end, reset, default",
+    [
+        ("qwen3", [6], [7], [], "reasoning"),  # qwen3's grammar: <think>, </think>; default reasoning
+        ("deepseek_v4", [6], [7], [], "answer"),  # unchanged: no marker means answer
+    ],
+)
+def test_markers_resolve_from_the_reasoning_parser_before_the_engine_starts(model, parser, start, end, reset, default):
+    args = engine_args(model, NGRAM, {"dspark_dynamic": {}}, reasoning_parser=parser)
+    resolved = args.create_engine_config().additional_config["dspark_dynamic"]
+    assert (resolved["reasoning_start_ids"], resolved["reasoning_end_ids"]) == (start, end)
+    assert resolved["reasoning_reset_ids"] == reset and resolved["default_phase"] == default
+
+
+def test_unsupported_reasoning_parser_fails_before_the_engine_starts(model):
+    # vLLM's hf parser needs a response_template in the tokenizer; the tiny model has none
+    args = engine_args(model, NGRAM, {"dspark_dynamic": {}}, reasoning_parser="hf")
+    with pytest.raises(DynamicDepthConfigError, match="reasoning parser 'hf' cannot be used.*response_template"):
+        args.create_engine_config()
+
+
 def test_unconfigured_plugin_leaves_config_alone(model):
     config = engine_args(model, NGRAM).create_engine_config()
     assert "dspark_dynamic" not in (config.additional_config or {})

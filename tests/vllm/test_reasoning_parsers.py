@@ -14,7 +14,7 @@ import pytest
 vllm_reasoning = pytest.importorskip("vllm.reasoning")
 
 from dspark_dynamic.adapter.markers import resolve_markers  # noqa: E402
-from dspark_dynamic.adapter.reasoning_parsers import DECLARED, build_parser  # noqa: E402
+from dspark_dynamic.adapter.reasoning_parsers import build_parser  # noqa: E402
 from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options  # noqa: E402
 from dspark_dynamic.core.phase import Phase  # noqa: E402
 from dspark_dynamic.testing.parser_cases import CASES, REFUSED, SyntheticTokenizer, resolve_case, stream  # noqa: E402
@@ -93,10 +93,6 @@ def test_explicit_options_need_no_parser():
 def test_unknown_parser_is_an_error():
     with pytest.raises(DynamicDepthConfigError, match="no_such_parser"):
         resolve_markers(parse_options({}, 2), "no_such_parser", lambda: SyntheticTokenizer(["<think>"]))
-
-
-def test_declared_markers_are_for_registered_parsers():
-    assert set(DECLARED) <= set(REGISTERED)
 
 
 def test_deepseek_v4_markers_unchanged():

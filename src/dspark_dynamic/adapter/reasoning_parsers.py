@@ -47,6 +47,7 @@ class Declared:
     reset: tuple[str, ...] = ()
     default: Phase | None = None
     replace: bool = True  # False: add to the derived markers
+    requires: tuple[str, ...] = ()  # vocabulary tokens the format is built from
 
 
 DECLARED: dict[str, Declared] = {
@@ -65,6 +66,7 @@ DECLARED: dict[str, Declared] = {
         end=("<|channel|>final<|message|>", "<|channel|>commentary"),
         reset=("<|start|>",),
         default=Phase.REASONING,
+        requires=("<|start|>", "<|channel|>", "<|message|>"),
     ),
     "granite": Declared(
         "the parser matches phrases in the text",
@@ -84,6 +86,15 @@ DECLARED: dict[str, Declared] = {
         end=("<|eom|>", "to=user<|message|>"),
         default=Phase.REASONING,
     ),
+    # vLLM 0.33's Muse parsers share muse_glimmer's channels (and its end check's meaning)
+    "muse": Declared(
+        "as muse_glimmer (vLLM 0.33)", start=("to=self<|message|>",), end=("<|eom|>", "to=user<|message|>"),
+        default=Phase.REASONING,
+    ),
+    "musespark1x": Declared(
+        "as muse_glimmer (vLLM 0.33)", start=("to=self<|message|>",), end=("<|eom|>", "to=user<|message|>"),
+        default=Phase.REASONING,
+    ),
     "inkling": Declared(
         "<|end_message|> closes every block kind; the next block's type decides (a model "
         "message opens with reasoning)",
@@ -92,6 +103,7 @@ DECLARED: dict[str, Declared] = {
              "<|content_model_end_sampling|>"),
         reset=("<|message_model|>",),
         default=Phase.REASONING,
+        requires=("<|content_thinking|>", "<|content_text|>"),
     ),
     "cohere_command3": Declared(
         "<|CHATBOT_TOKEN|> opens the turn, reasoning first", reset=("<|CHATBOT_TOKEN|>",), replace=False,
@@ -143,11 +155,14 @@ def marker_variants(tokenizer: Any, text: str) -> list[Marker]:
     return out
 
 
-def _markers(tokenizer: Any, texts: Sequence[str], name: str, role: str) -> tuple[Marker, ...]:
+def _markers(tokenizer: Any, texts: Sequence[str], name: str, role: str, required: bool = True) -> tuple[Marker, ...]:
+    """Encodings of ``texts``; a text the tokenizer lacks is an error, or skipped if not ``required``."""
     out: list[Marker] = []
     for text in texts:
         found = marker_variants(tokenizer, text)
-        if not found:
+        if not found and not required:
+            logger.debug("dspark_dynamic: %s marker %r of %r is not in the tokenizer", role, text, name)
+        elif not found:
             raise DynamicDepthConfigError(
                 f"dspark_dynamic: reasoning parser {name!r}: its {role} marker {text!r} is not in "
                 "this tokenizer; set 'think_start_token'/'think_end_token' or 'reasoning_*_ids'"
@@ -250,9 +265,17 @@ def parser_phase(name: str, tokenizer: Any) -> ParserPhase:
     how = derived.how if derived else "declared"
     default = _parser_default(parser)
     if declared is not None:
-        start += tuple(m for m in _markers(tokenizer, declared.start, name, "start") if m not in start)
-        end += tuple(m for m in _markers(tokenizer, declared.end, name, "end") if m not in end + start)
-        reset += tuple(m for m in _markers(tokenizer, declared.reset, name, "reset") if m not in reset)
+        missing = [t for t in declared.requires if t not in tokenizer.get_vocab()]
+        if missing:
+            raise DynamicDepthConfigError(
+                f"dspark_dynamic: reasoning parser {name!r} cannot be used to follow the phase: this "
+                f"tokenizer has no token {missing[0]!r}, which its format is built from"
+            )
+        # declared markers the tokenizer lacks are skipped: the check below refuses a parser left
+        # without an end (or a way into reasoning)
+        start += tuple(m for m in _markers(tokenizer, declared.start, name, "start", False) if m not in start)
+        end += tuple(m for m in _markers(tokenizer, declared.end, name, "end", False) if m not in end + start)
+        reset += tuple(m for m in _markers(tokenizer, declared.reset, name, "reset", False) if m not in reset)
         if declared.default is not None:
             default = declared.default
         if derived is not None:

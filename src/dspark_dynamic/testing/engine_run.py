@@ -131,7 +131,6 @@ def abort_storm(llm: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     from vllm.v1.request import RequestStatus
 
     from dspark_dynamic.adapter.patches.scheduler import latest_controller
-    from dspark_dynamic.core.options import MARKER_KEYS
 
     engine = llm.llm_engine
     n = int(cfg.get("requests", 1000))

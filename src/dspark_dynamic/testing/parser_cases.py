@@ -317,12 +317,19 @@ class RefusedCase:
 
     case: ParserCase
     reason: str  # a regex the error must match
+    when: str  # for the README table
 
 
 REFUSED: dict[str, RefusedCase] = {
     "hf": RefusedCase(
         ParserCase(specials=(*THINK, "<|user|>", "<|assistant|>")),
         r"building it with this tokenizer failed .*response_template",
+        "without a response_template",
+    ),
+    "openai_gptoss": RefusedCase(
+        ParserCase(specials=(*THINK, "<|user|>", "<|assistant|>")),
+        r"'openai_gptoss' cannot be used to follow the phase: this tokenizer has no token '<\|start\|>'",
+        "on a tokenizer without harmony's channel tokens",
     ),
 }
 
@@ -399,7 +406,7 @@ def table() -> str:
         note = f" ({CASES[name].note})" if CASES[name].note else ""
         tests = f"`{TEST_ID.format(name=name)}`"
         if name in REFUSED:
-            tests += f"; refused without it: `{REFUSED_TEST_ID.format(name=name)}`"
+            tests += f"; refused {REFUSED[name].when}: `{REFUSED_TEST_ID.format(name=name)}`"
         rows.append(f"| `{name}` | {_describe(markers, tokenizer)}{note} | {tests} |")
     return "\n".join(rows) + "\n"
 
