@@ -199,3 +199,31 @@ def test_readme_shows_the_printed_table():
     assert shown == table(), "README's parser table is out of date: python -m dspark_dynamic.testing.parser_cases --table"
     for name in REGISTERED:
         assert f"| `{name}` |" in shown
+
+
+def test_parser_api_through_the_builder(plugin_parsers, monkeypatch):
+    """The argument-parsing process keeps no marker ids for a parser-API phase (there are none),
+    so the engine core resolves again and gets a parser-backed detector."""
+    from dspark_dynamic.adapter import build
+    from dspark_dynamic.adapter.reasoning_parsers import ParserApiDetector
+
+    tokenizer = SyntheticTokenizer(["<|user|>"])
+    monkeypatch.setattr(build, "tokenizer_getter", lambda model_config: (lambda: tokenizer))
+    cfg = SimpleNamespace(
+        additional_config={"dspark_dynamic": {}},
+        speculative_config=SimpleNamespace(method="ngram", num_speculative_tokens=2, enable_adaptive_verification=False),
+        compilation_config=SimpleNamespace(cudagraph_mode=None),
+        model_config=SimpleNamespace(enforce_eager=True, skip_tokenizer_init=False),
+        reasoning_config=None,
+        structured_outputs_config=SimpleNamespace(reasoning_parser="test_streaming_text_end"),
+    )
+    options, _ = build.resolve_options({}, cfg.speculative_config, "test_streaming_text_end", cfg.model_config)
+    assert not options.markers_resolved and options.default_phase is None
+    built = build.build_controller(cfg)
+    assert isinstance(built.controller.rules, ParserApiDetector) and "parser API" in built.describe("ngram")
+    prompt = tokenizer.encode("<|user|>hi")
+    req = SimpleNamespace(request_id="r", prompt_token_ids=prompt, output_token_ids=[], all_token_ids=list(prompt))
+    assert built.controller.phase_of(req) is Phase.REASONING
+    req.output_token_ids = tokenizer.encode(" so Answer:")
+    req.all_token_ids = prompt + req.output_token_ids
+    assert built.controller.phase_of(req) is Phase.ANSWER
