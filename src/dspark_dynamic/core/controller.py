@@ -16,7 +16,10 @@ Used by the scheduler adapter in four places, in this order within one engine st
 Example: phase policy 1/2, a request inside ``<think>`` with drafts ``[a, b]``: it is planned at
 depth 1, the drafter is asked for 1 draft, and its next step verifies ``[a]``.
 
-Requests touched: ``request_id``, ``prompt_token_ids``, ``output_token_ids``, ``spec_token_ids``.
+Requests touched: ``request_id``, ``prompt_token_ids``, ``output_token_ids``, ``spec_token_ids``
+(and ``all_token_ids`` when a reasoning parser's own API follows the phase).  The phase comes
+from a ``PhaseDetector``: ``PhaseRules`` (marker ids and id sequences) or the adapter's
+parser-backed detector.
 """
 
 from __future__ import annotations

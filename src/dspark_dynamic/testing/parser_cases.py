@@ -309,6 +309,10 @@ CASES: dict[str, ParserCase] = {
     "step3p5": _chatml(),
 }
 CASES["cohere_command4"] = CASES["cohere_command3"]
+# registered by vLLM 0.33 (the import/structure job runs these cases there)
+CASES["beam"] = CASES["hf"]
+CASES["muse"] = CASES["musespark1x"] = CASES["muse_glimmer"]
+CASES["step5"] = _BASE
 
 
 @dataclass(frozen=True)
@@ -321,6 +325,11 @@ class RefusedCase:
 
 
 REFUSED: dict[str, RefusedCase] = {
+    "beam": RefusedCase(
+        ParserCase(specials=(*THINK, "<|user|>", "<|assistant|>")),
+        r"building it with this tokenizer failed .*response_template",
+        "without a response_template",
+    ),
     "hf": RefusedCase(
         ParserCase(specials=(*THINK, "<|user|>", "<|assistant|>")),
         r"building it with this tokenizer failed .*response_template",
