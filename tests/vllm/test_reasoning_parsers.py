@@ -232,3 +232,15 @@ def test_parser_api_through_the_builder(plugin_parsers, monkeypatch):
     req.output_token_ids = tokenizer.encode(" so Answer:")
     req.all_token_ids = prompt + req.output_token_ids
     assert built.controller.phase_of(req) is Phase.ANSWER
+
+
+def test_marker_ids_without_a_default_take_resets_and_default_from_the_parser():
+    markers, tokenizer = resolve_case("qwen3")
+    vocab = tokenizer.get_vocab()
+    raw = {"reasoning_start_ids": [vocab["<think>"]], "reasoning_end_ids": [vocab["</think>"]]}
+    m = resolve_markers(parse_options(raw, 2), "qwen3", lambda: tokenizer)
+    assert (m.start_ids, m.end_ids) == ((vocab["<think>"],), (vocab["</think>"],))  # the options' ids
+    assert m.default is Phase.REASONING and set(m.reset_ids) == {vocab["<|im_start|>"], vocab["<|im_end|>"]}
+    # with a default given, the options say it all: no parser, no tokenizer
+    m = resolve_markers(parse_options({**raw, "default_phase": "answer"}, 2), "qwen3", lambda: None)
+    assert m.default is Phase.ANSWER and m.reset_ids == ()

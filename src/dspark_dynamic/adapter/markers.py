@@ -93,7 +93,8 @@ def resolve_markers(
 ) -> ResolvedMarkers:
     """Resolve the phase markers for ``options``; raises DynamicDepthConfigError if impossible."""
     explicit_default = Phase[options.default_phase.upper()] if options.default_phase else None
-    if options.markers_resolved and options.think_start_token is None and options.think_end_token is None:
+    ids_only = options.think_start_token is None and options.think_end_token is None
+    if options.markers_resolved and ids_only and (explicit_default is not None or not reasoning_parser):
         return ResolvedMarkers(
             options.reasoning_start_ids, options.reasoning_end_ids, "options (ids)",
             options.reasoning_reset_ids, explicit_default or Phase.ANSWER,

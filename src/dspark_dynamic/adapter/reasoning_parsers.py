@@ -196,7 +196,9 @@ def build_parser(name: str, tokenizer: Any) -> tuple[Any, Callable[[], Any]]:
     except Exception as exc:
         raise DynamicDepthConfigError(
             f"dspark_dynamic: reasoning parser {name!r} cannot be used to follow the phase: building "
-            f"it with this tokenizer failed ({type(exc).__name__}: {exc})"
+            f"it with this tokenizer failed ({type(exc).__name__}: {exc}). Give the markers as "
+            "options instead ('think_start_token'/'think_end_token' or 'reasoning_*_ids', and "
+            "'default_phase')"
         ) from exc
 
 
