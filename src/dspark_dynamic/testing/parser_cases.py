@@ -391,7 +391,7 @@ def _describe(markers: Any, tokenizer: Any) -> str:
             if bare != text and bare in texts:
                 texts[bare] = texts[bare].replace(" tokens)", " tokens; also after whitespace)")
                 continue
-            shown = bare.replace("\n", "\\n")
+            shown = bare.replace("\n", "\\n").replace("|", "\\|")  # a bare | would split the cell
             texts.setdefault(bare, f"`{shown}`" + (f" ({len(ids)} tokens)" if len(ids) > 1 else ""))
         return ", ".join(texts.values())
 
