@@ -18,7 +18,7 @@ import random
 import time
 
 from dspark_dynamic.core.controller import DepthController
-from dspark_dynamic.core.phase import PhaseRules, RequestPhase
+from dspark_dynamic.core.phase import Phase, PhaseRules, RequestPhase
 from dspark_dynamic.core.policy import BatchDepth, PhasePolicy
 from dspark_dynamic.testing.fakes import FakeRequest as Req
 
@@ -28,7 +28,7 @@ RULES = PhaseRules.of([START], [END, DSML])
 H_START, CHANNEL, MESSAGE, ANALYSIS, FINAL, COMMENTARY = 200006, 200005, 200008, 35644, 17196, 12606
 HARMONY = PhaseRules.of(
     [(CHANNEL, ANALYSIS, MESSAGE)], [(CHANNEL, FINAL, MESSAGE), (CHANNEL, COMMENTARY)], [H_START],
-    default=RULES.default.REASONING,
+    default=Phase.REASONING,
 )
 # name -> (rules, prompt suffix that opens reasoning, output marker that ends it, candidate noise)
 MARKER_SETS = {
