@@ -105,3 +105,10 @@ def test_real_deepseek_v4_prompts_start_in_the_right_phase(deepseek_v4_tokenizer
     out = deepseek_v4_tokenizer.encode("Let me call a tool.<｜DSML｜tool_calls>", add_special_tokens=False)
     assert 128825 in out
     assert rules.phase_of([128821] + out) is Phase.ANSWER
+
+
+def test_contradicting_markers_fail_before_the_engine_starts():
+    raw = {"reasoning_start_ids": [[1, 2]], "reasoning_end_ids": [3], "reasoning_reset_ids": [[1, 2]],
+           "default_phase": "answer"}  # [1, 2] would both open reasoning and reset to answer
+    with pytest.raises(DynamicDepthConfigError, match="reasoning_reset_ids.*default_phase|both a start and an end"):
+        resolve_markers(parse_options(raw, 2), None, lambda: None)

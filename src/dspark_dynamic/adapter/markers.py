@@ -92,6 +92,23 @@ def resolve_markers(
     get_tokenizer: Callable[[], Any],
 ) -> ResolvedMarkers:
     """Resolve the phase markers for ``options``; raises DynamicDepthConfigError if impossible."""
+    resolved = _resolve(options, reasoning_parser, get_tokenizer)
+    if resolved.api is None:
+        try:  # contradictions surface here, before any engine starts
+            resolved.rules()
+        except ValueError as exc:
+            raise DynamicDepthConfigError(
+                f"dspark_dynamic: invalid markers ({resolved.source}): {exc}; check "
+                "'reasoning_start_ids', 'reasoning_end_ids', 'reasoning_reset_ids' and 'default_phase'"
+            ) from exc
+    return resolved
+
+
+def _resolve(
+    options: DynamicDepthOptions,
+    reasoning_parser: str | None,
+    get_tokenizer: Callable[[], Any],
+) -> ResolvedMarkers:
     explicit_default = Phase[options.default_phase.upper()] if options.default_phase else None
     ids_only = options.think_start_token is None and options.think_end_token is None
     if options.markers_resolved and ids_only and (explicit_default is not None or not reasoning_parser):
