@@ -73,7 +73,8 @@ def check_trace_path(path: str | None) -> None:
 
 
 def resolve_options(
-    raw: Any, speculative_config: Any, reasoning_parser: str | None, model_config: Any
+    raw: Any, speculative_config: Any, reasoning_parser: str | None, model_config: Any,
+    reasoning_parser_plugin: str | None = None,
 ) -> tuple[DynamicDepthOptions, ResolvedMarkers]:
     """Validate the user's options against vLLM's config and resolve the think markers.
 
@@ -87,7 +88,7 @@ def resolve_options(
             "adaptive verification may admit), or turn enable_adaptive_verification off"
         )
     check_trace_path(options.trace_path)
-    markers = resolve_markers(options, reasoning_parser, tokenizer_getter(model_config))
+    markers = resolve_markers(options, reasoning_parser, tokenizer_getter(model_config), reasoning_parser_plugin)
     if markers.api is None:  # marker ids say it all: the engine core needs no tokenizer
         options = replace(
             options,
@@ -134,8 +135,10 @@ def build_controller(vllm_config: Any) -> BuiltController | None:
     raw = raw_options(getattr(vllm_config, "additional_config", None))
     if raw is None:
         return None
+    plugin = getattr(getattr(vllm_config, "structured_outputs_config", None), "reasoning_parser_plugin", None)
     options, markers = resolve_options(
-        raw, vllm_config.speculative_config, reasoning_parser_of(vllm_config), vllm_config.model_config
+        raw, vllm_config.speculative_config, reasoning_parser_of(vllm_config), vllm_config.model_config,
+        plugin or None,
     )
     batch_depth = resolve_batch_depth(options, vllm_config)
     trace = open(options.trace_path, "a", buffering=1) if options.trace_path else None

@@ -90,9 +90,13 @@ def resolve_markers(
     options: DynamicDepthOptions,
     reasoning_parser: str | None,
     get_tokenizer: Callable[[], Any],
+    parser_plugin: str | None = None,
 ) -> ResolvedMarkers:
-    """Resolve the phase markers for ``options``; raises DynamicDepthConfigError if impossible."""
-    resolved = _resolve(options, reasoning_parser, get_tokenizer)
+    """Resolve the phase markers for ``options``; raises DynamicDepthConfigError if impossible.
+
+    ``parser_plugin``: vLLM's ``--reasoning-parser-plugin``, where ``reasoning_parser`` lives.
+    """
+    resolved = _resolve(options, reasoning_parser, get_tokenizer, parser_plugin)
     if resolved.api is None:
         try:  # contradictions surface here, before any engine starts
             resolved.rules()
@@ -108,6 +112,7 @@ def _resolve(
     options: DynamicDepthOptions,
     reasoning_parser: str | None,
     get_tokenizer: Callable[[], Any],
+    parser_plugin: str | None,
 ) -> ResolvedMarkers:
     explicit_default = Phase[options.default_phase.upper()] if options.default_phase else None
     ids_only = options.think_start_token is None and options.think_end_token is None
@@ -126,7 +131,7 @@ def _resolve(
     end_given = bool(options.reasoning_end_ids) or options.think_end_token is not None
     parsed: ParserPhase | None = None
     if reasoning_parser and not (start_given and end_given and explicit_default is not None):
-        parsed = parser_phase(reasoning_parser, tokenizer)
+        parsed = parser_phase(reasoning_parser, tokenizer, parser_plugin)
     if parsed is not None and parsed.api is not None:
         if start_given or end_given:
             raise DynamicDepthConfigError(

@@ -176,10 +176,16 @@ def _vocab_ids(tokenizer: Any, texts: Sequence[str]) -> tuple[Marker, ...]:
     return tuple((int(vocab[t]),) for t in sorted(texts) if t in vocab)
 
 
-def build_parser(name: str, tokenizer: Any) -> tuple[Any, Callable[[], Any]]:
-    """An instance of vLLM's parser ``name`` (thinking on) and a factory for more."""
+def build_parser(name: str, tokenizer: Any, plugin: str | None = None) -> tuple[Any, Callable[[], Any]]:
+    """An instance of vLLM's parser ``name`` (thinking on) and a factory for more.
+
+    ``plugin``: the ``--reasoning-parser-plugin`` file, imported first when ``name`` is not
+    registered yet (vLLM imports it only later, in the engine core, for offline ``LLM`` use).
+    """
     from vllm.reasoning import ReasoningParserManager
 
+    if plugin and len(plugin) > 3 and name not in ReasoningParserManager.list_registered():
+        ReasoningParserManager.import_reasoning_parser(plugin)
     try:
         parser_cls = ReasoningParserManager.get_reasoning_parser(name)
     except KeyError as exc:
@@ -248,9 +254,9 @@ def _parser_default(parser: Any) -> Phase:
         return Phase.REASONING
 
 
-def parser_phase(name: str, tokenizer: Any) -> ParserPhase:
+def parser_phase(name: str, tokenizer: Any, plugin: str | None = None) -> ParserPhase:
     """How the phase is followed for ``--reasoning-parser name`` with ``tokenizer``."""
-    parser, make = build_parser(name, tokenizer)
+    parser, make = build_parser(name, tokenizer, plugin)
     declared = DECLARED.get(name)
     derived: ParserPhase | None = None
     if declared is None or not declared.replace:

@@ -78,6 +78,7 @@ def validate(engine_args: Any, speculative_config: Any, target_model_config: Any
         speculative_config,
         getattr(engine_args, "reasoning_parser", None) or None,
         target_model_config,
+        getattr(engine_args, "reasoning_parser_plugin", None) or None,
     )
     engine_args.additional_config = {**additional, CONFIG_KEY: options.to_dict()}
     metrics_dir()  # a private snapshot directory, inherited by the engine processes started next
