@@ -228,7 +228,7 @@ CASES: dict[str, ParserCase] = {
         response_template={"start_anchor": "<|assistant|>",
                            "fields": {"thinking": {"open": "<think>", "close": "</think>", "optional": True},
                                       "content": {}}},
-        api_agrees=False, note="tokenizer with a response_template",
+        note="tokenizer with a response_template",
     ),
     "holo2": _BASE,
     "hunyuan_a13b": ParserCase(
@@ -245,7 +245,6 @@ CASES: dict[str, ParserCase] = {
                   "<|end_message|>", "<|message_user|>"),
         prompt="<|message_user|><|content_text|>What is 2+2?<|end_message|><|message_model|>",
         out_start="<|content_thinking|>", close="<|end_message|><|message_model|><|content_text|>",
-        api_agrees=False,
     ),
     "k2_horizon": ParserCase(specials=("<ifm|think>", "</ifm|think>", "<|user|>", "<|assistant|>"),
                              prompt="<|user|>What is 2+2?<|assistant|><ifm|think>", close="</ifm|think>"),
