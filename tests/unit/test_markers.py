@@ -2,7 +2,8 @@ import os
 
 import pytest
 
-from dspark_dynamic.adapter.markers import resolve_markers, single_token_id
+from dspark_dynamic.adapter.markers import resolve_markers
+from dspark_dynamic.adapter.reasoning_parsers import encode_marker
 from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options
 from dspark_dynamic.core.phase import Phase
 
@@ -64,10 +65,11 @@ def test_unresolvable_markers_fail_clearly():
         resolve({}, tok=VocabTokenizer({"<s>": 1}))
 
 
-def test_single_token_id():
-    assert single_token_id(TOK, "<think>") == 10
-    assert single_token_id(TOK, "nothing here") is None
-    assert single_token_id(TOK, "<missing>") is None  # encodes to the unknown id: rejected
+def test_encode_marker():
+    assert encode_marker(TOK, "<think>") == (10,)
+    assert encode_marker(TOK, "<s> <r>") == (12, 13)  # a sequence, when it decodes back
+    assert encode_marker(TOK, "nothing here") is None
+    assert encode_marker(TOK, "<missing>") is None  # encodes to the unknown id: rejected
 
 
 @pytest.fixture(scope="module")

@@ -39,18 +39,13 @@ class ResolvedMarkers:
     reset_ids: tuple[Option, ...] = ()
     default: Phase = Phase.ANSWER
     api: Callable[[], Any] | None = field(default=None, compare=False)
+    parser_how: str = ""  # how the reasoning parser gave its part (reasoning_parsers.ParserPhase.how)
 
     def rules(self) -> PhaseRules:
         return PhaseRules.of(self.start_ids, self.end_ids, self.reset_ids, self.default)
 
     def detector(self) -> PhaseDetector:
         return ParserApiDetector(self.api) if self.api is not None else self.rules()
-
-
-def single_token_id(tokenizer: Any, text: str) -> int | None:
-    """The id of ``text`` if the tokenizer has it as exactly one token, else None."""
-    marker = encode_marker(tokenizer, text)
-    return marker[0] if marker is not None and len(marker) == 1 else None
 
 
 def _resolve_side(
@@ -140,7 +135,7 @@ def _resolve(
                 "both 'reasoning_*_ids') to use markers instead"
             )
         return ResolvedMarkers((), (), f"reasoning parser {reasoning_parser!r} (parser API)",
-                               default=parsed.default, api=parsed.api)
+                               default=parsed.default, api=parsed.api, parser_how=parsed.how)
     start, start_src = _resolve_side(
         "start", options.reasoning_start_ids, options.think_start_token,
         parsed.start if parsed else None, tokenizer, reasoning_parser,
@@ -163,12 +158,11 @@ def _resolve(
     if parsed is not None:
         source += f"; reasoning parser {reasoning_parser!r} via {parsed.how}"
     source += f"; default {default.label}"
-    if default is Phase.ANSWER and not start:
-        raise DynamicDepthConfigError("dspark_dynamic: no start marker and default phase 'answer': never reasons")
     return ResolvedMarkers(
         tuple(_option_form(m) for m in start),
         tuple(_option_form(m) for m in end),
         source,
         tuple(_option_form(m) for m in reset),
         default,
+        parser_how=parsed.how if parsed is not None else "",
     )

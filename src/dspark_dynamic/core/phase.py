@@ -250,7 +250,7 @@ class RequestPhase:
             elif done >= lookback:
                 found = rules.last_phase(output_token_ids[done - lookback : n], lookback)
             else:
-                before = list(self.tail[len(self.tail) - min(len(self.tail), lookback - done) :])
+                before = list(self.tail[max(0, len(self.tail) - (lookback - done)) :])
                 before += output_token_ids[:done]
                 found = rules.last_phase(before + list(output_token_ids[done:n]), len(before))
             if found is not None:

@@ -394,7 +394,7 @@ def _describe(markers: Any, tokenizer: Any) -> str:
             texts.setdefault(bare, f"`{shown}`" + (f" ({len(ids)} tokens)" if len(ids) > 1 else ""))
         return ", ".join(texts.values())
 
-    how = markers.source.split(" via ")[-1].split(";")[0] if " via " in markers.source else markers.source
+    how = markers.parser_how or markers.source
     parts = [f"start {show(markers.start_ids)}" if markers.start_ids else "", f"end {show(markers.end_ids)}"]
     if markers.reset_ids:
         parts.append(f"reset {show(markers.reset_ids)}")
