@@ -65,7 +65,7 @@ def test_phase_follows_the_parser(name):
         for i, (got, want) in enumerate(zip(phases, s.expected)):
             assert got in ("?", want), (name, seed, i, tokenizer.decode(s.output[: i + 1])[-40:], markers.source)
     # the close marker flips the phase on its last token, not before
-    assert s.expected[s.answer_from - 2] == "reasoning" and s.expected[s.answer_from - 1] == "answer"
+    assert s.expected[s.closed - 2] == "reasoning" and s.expected[s.closed - 1] == "answer"
     if case.api_agrees:  # vLLM's own gate agrees token by token
         parser, _ = build_parser(name, tokenizer)
         assert parser.is_reasoning_end(s.prompt) is (case.prompt_phase == "answer")

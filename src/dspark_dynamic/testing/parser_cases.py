@@ -348,8 +348,7 @@ class Stream:
 
     prompt: list[int]
     output: list[int]
-    reasoning_from: int  # first output index in reasoning (0 if the prompt opened it)
-    answer_from: int  # first output index in the answer
+    closed: int  # output tokens up to and including the close marker's last one
     expected: list[str] = field(default_factory=list)  # phase after output[:i+1]
 
 
@@ -361,7 +360,7 @@ def stream(case: ParserCase, tokenizer: Any) -> Stream:
     opened = len(enc(case.out_start)) if case.out_start else 0
     closed = len(enc(case.out_start + case.reasoning + case.close))
     assert full[:closed] == enc(case.out_start + case.reasoning + case.close), case
-    s = Stream(prompt, full, opened, closed)
+    s = Stream(prompt, full, closed)
     before = case.prompt_phase
     s.expected = [
         "answer" if i + 1 >= closed else ("reasoning" if i + 1 >= opened and opened else before)
