@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Micro-benchmark: the controller's cost per request per step, and the prompt scan.
 
-Drives ``DepthController`` exactly as the scheduler hook does (before_schedule, then
-plan_drafts, after_output with the step's counts) over fake requests, and prints microseconds per
-request-step.  Target: < 20 us.  Pure Python; no vLLM needed.  Marker sets: DeepSeek-V4's
+Drives ``DepthController`` exactly as the scheduler hook does (set_confidences for policies that
+gate on draft confidences, before_schedule, then plan_drafts, after_output with the step's
+counts, which calibrates the confidences) over fake requests, and prints microseconds per
+request-step.  Target: < 20 us.  Pure Python; no vLLM needed.  With torch installed it also
+prints the worker-side capture cost per step (the confidence feature over a step's draft logits,
+for the testbed's vocabulary and DeepSeek-V4's).  Marker sets: DeepSeek-V4's
 single tokens (the fast path), and gpt-oss harmony's three-token channel headers (sequences
 sharing their first and last token), the latter also with a stream in which every 10th token is
 a header's last token without the rest of the header (candidates that must be checked).
@@ -43,11 +46,13 @@ MARKER_SETS = {
 def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: str, markers: str = "single") -> float:
     rules, opens, closes, noise = MARKER_SETS[markers]
     rng = random.Random(0)
-    if policy_name == "adaptive":
+    confident = policy_name == "adaptive+confidence"
+    if policy_name.startswith("adaptive"):
         from dspark_dynamic.core.adaptive import AdaptivePolicy
         from dspark_dynamic.core.options import parse_options
 
-        policy = AdaptivePolicy.from_options(parse_options({"policy": "adaptive"}, 2))
+        raw = {"policy": "adaptive", "adaptive": {"confidence": confident}}
+        policy = AdaptivePolicy.from_options(parse_options(raw, 2))
     else:
         policy = PhasePolicy(1, 2)
     ctl = DepthController(rules, policy, batch)
@@ -64,7 +69,11 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
                 r.output_token_ids.extend(closes)  # split across steps by the next extends
 
             r.spec_token_ids = placeholder
+        features = [[rng.gauss(1.0, 2.0), rng.gauss(1.0, 2.0)] for _ in reqs] if confident else None
         t0 = time.perf_counter()
+        if features is not None:  # what update_draft_token_ids hands over with the draft ids
+            for r, f in zip(reqs, features):
+                ctl.set_confidences(r.request_id, f)
         decisions = ctl.before_schedule(reqs)
         ctl.plan_drafts(reqs)
         counted = {r.request_id: (len(r.spec_token_ids), len(r.spec_token_ids) // 2) for r in reqs if r.spec_token_ids}
@@ -72,6 +81,27 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
         ctl.after_output(decisions, counted, tokens)
         elapsed += time.perf_counter() - t0
     return elapsed / (steps * num_requests) * 1e6
+
+
+def bench_capture(shapes=((1, 2, 256), (1, 2, 129280), (8, 2, 129280)), repeats: int = 20) -> dict:
+    """Milliseconds per step to compute the confidence feature over draft logits (needs torch)."""
+    try:
+        import torch
+
+        from dspark_dynamic.adapter.patches.confidence import max_prob_log_odds
+    except ImportError:
+        return {}
+    out = {}
+    for reqs, drafts, vocab in shapes:
+        logits = torch.randn(reqs, vocab)
+        temperature = torch.full((reqs,), 0.6)
+        max_prob_log_odds(logits, temperature)  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            for _ in range(drafts):  # a sequential drafter samples once per position
+                max_prob_log_odds(logits, temperature)
+        out[(reqs, drafts, vocab)] = (time.perf_counter() - t0) / repeats * 1e3
+    return out
 
 
 def bench_prompt_scan(n: int, marker_at: int | None, markers: str = "single") -> float:
@@ -93,15 +123,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     args = ap.parse_args()
     print("controller cost per request per step (before_schedule + plan_drafts + after_output)")
-    print(f"{'requests':>9} {'policy':>9} {'batch_depth':>12} {'markers':>14} {'us/req/step':>12}")
+    print(f"{'requests':>9} {'policy':>20} {'batch_depth':>12} {'markers':>14} {'us/req/step':>12}")
     for markers in MARKER_SETS:
-        for policy in ("phase", "adaptive"):
+        for policy in ("phase", "adaptive", "adaptive+confidence"):
             for batch in (BatchDepth.PER_REQUEST, BatchDepth.MAX):
                 if markers != "single" and batch is BatchDepth.MAX:
                     continue  # the batch rule does not touch the marker path
                 for n in args.requests:
                     us = bench_steps(n, max(50, args.steps // max(1, n // 8)), batch, policy, markers)
-                    print(f"{n:>9} {policy:>9} {batch.value:>12} {markers:>14} {us:>12.2f}")
+                    print(f"{n:>9} {policy:>20} {batch.value:>12} {markers:>14} {us:>12.2f}")
+    capture = bench_capture()
+    if capture:
+        print("\nconfidence capture per engine step (worker: feature over the step's draft logits, CPU, ms)")
+        for (reqs, drafts, vocab), ms in capture.items():
+            print(f"  {reqs:>3} requests x {drafts} drafts, vocabulary {vocab:>6}: {ms:8.3f}")
     print("\nprompt scan, once per request (ms)")
     for n, where, label in (
         (1_000_000, 999_999, "1M tokens, marker last (DeepSeek-V4 template)"),

@@ -2,7 +2,7 @@
 """Measured wall-clock speed of depth policies on the MoE testbed (engines side by side).
 
 Starts one real vLLM engine per setting (fixed k = 0/1/2, phase 1/2, adaptive with default
-options), keeps them all alive, and runs interleaved rounds of single-user thinking-mode
+options: the drafter's confidences gate each step, and adaptive without them), keeps them all alive, and runs interleaved rounds of single-user thinking-mode
 requests; prints median tok/s per setting and phase and the medians of paired per-round ratios
 with their interquartile ranges.  A modelled figure (seed cost model) accompanies the measured
 one for the controlled settings.
@@ -10,6 +10,8 @@ one for the controlled settings.
     python scripts/bench_wallclock.py [--rounds 12 --requests 2] [--json out.json] [--plot out.png]
     python scripts/bench_wallclock.py --calibrate     # adds fixed k=3: the testbed's T(k), k = 0..3
     python scripts/bench_wallclock.py --smoke         # 2 rounds, 1 request: a quick check
+    python scripts/bench_wallclock.py --shape narrow  # 32 experts x 4096, top-4 (a cheaper verify)
+    python scripts/bench_wallclock.py --drafter dflash  # a parallel drafter (DSpark's cost shape)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 
 from dspark_dynamic.adapter.plugin import require_vllm
 from dspark_dynamic.core.simulate import CostModel
-from dspark_dynamic.testing.wallclock import DEFAULT_SETTINGS, format_report, run_wallclock
+from dspark_dynamic.testing.wallclock import DEFAULT_SETTINGS, DRAFTERS, SHAPES, format_report, run_wallclock
 
 
 def main() -> int:
@@ -31,6 +33,9 @@ def main() -> int:
     ap.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help="comma-separated")
     ap.add_argument("--calibrate", action="store_true", help="add fixed k=3 and print T(k) per step")
     ap.add_argument("--smoke", action="store_true", help="2 rounds of 1 request, no warm-up")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="default", help="the MoE target's shape")
+    ap.add_argument("--drafter", choices=DRAFTERS, default="draft_model",
+                    help="draft_model: sequential (a forward per position); dflash: parallel (one pass, DSpark's shape)")
     ap.add_argument("--json", help="write the result (per-round data, summary, traces) here")
     ap.add_argument("--plot", help="write a PNG: tok/s per policy and phase, per-request timelines")
     CostModel.add_arguments(ap)
@@ -40,8 +45,10 @@ def main() -> int:
         settings += ("fixed k=3",)
     if args.smoke:
         args.rounds, args.requests, args.warmup = 2, 1, 0
-    print(f"vLLM {require_vllm()}; testbed: MoE target + draft_model drafter (built locally, cached)")
-    result = run_wallclock(settings, args.rounds, args.requests, args.warmup)
+    print(f"vLLM {require_vllm()}; testbed: MoE target ({args.shape} shape) + {args.drafter} drafter "
+          "(built locally, cached)")
+    result = run_wallclock(settings, args.rounds, args.requests, args.warmup, shape=SHAPES[args.shape],
+                           drafter=args.drafter)
     cost = CostModel.from_arguments(args)
     print(format_report(result, cost))
     if args.calibrate:
@@ -50,8 +57,8 @@ def main() -> int:
             print(f"  {name}: {result.step_ms(name):.2f} ms")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"settings": result.settings, "rounds": result.rounds, "summary": result.summary(),
-                       "traces": result.traces}, f, indent=1)
+            json.dump({"settings": result.settings, "shape": args.shape, "drafter": args.drafter, "rounds": result.rounds,
+                       "summary": result.summary(), "traces": result.traces}, f, indent=1)
     if args.plot:
         from dspark_dynamic.tools.plots import plot_wallclock
 

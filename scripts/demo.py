@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Demo on the CPU engine: fixed-depth speculative decoding vs dspark_dynamic, measured.
 
-Three real vLLM engines on the MoE testbed (built locally; its step time grows with the tokens
+Four real vLLM engines on the MoE testbed (built locally; its step time grows with the tokens
 verified, like DeepSeek-V4-Flash with its experts in DDR5), alive side by side: plain greedy
-decoding, draft_model speculative decoding at k=2 in both phases, and the dspark_dynamic phase
-policy (1 draft while reasoning, 2 while answering).  The drafter is right on ~55 % of
+decoding, draft_model speculative decoding at k=2 in both phases, the dspark_dynamic phase
+policy (1 draft while reasoning, 2 while answering), and the adaptive policy gating each step on
+the drafter's own confidence in each draft (calibrated online; ROC-AUC printed).  The drafter is right on ~55 % of
 reasoning steps and ~93 % of answer steps (about 41 % / 87 % of drafts accepted at k=2, like
 DSpark on DeepSeek-V4).  Rounds are interleaved; the demo prints, per phase, what vLLM verified,
 accepted and rejected, the **measured** tok/s (median over rounds) and, next to it, the tok/s
@@ -23,7 +24,8 @@ from dspark_dynamic.adapter.plugin import require_vllm
 from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
 from dspark_dynamic.testing.wallclock import run_wallclock
 
-SETTINGS = {"fixed k=0": "plain (no speculation)", "phase 2/2": "fixed k=2", "phase 1/2": "dspark_dynamic 1/2"}
+SETTINGS = {"fixed k=0": "plain (no speculation)", "phase 2/2": "fixed k=2", "phase 1/2": "dspark_dynamic 1/2",
+            "adaptive": "adaptive + confidence"}
 
 
 def main() -> int:
@@ -54,9 +56,15 @@ def main() -> int:
             ours, theirs = result.checks[f"{name}: counts (steps, verified, accepted) ours / vLLM"]
             print(f"{'':<24} vLLM counters: drafts={theirs[0]} draft_tokens={theirs[1]} accepted={theirs[2]} "
                   f"({'equal to' if ours == theirs else 'DIFFERENT from'} the controller's)")
+        for phase_name, rep in (result.checks.get(f"{name}: confidence") or {}).items():
+            auc = rep.get("auc")
+            print(f"{'':<24} draft confidence [{phase_name}]: predicted/observed acceptance "
+                  f"{rep['predicted'] / max(1, rep['labels']):.2f}/{rep['observed'] / max(1, rep['labels']):.2f}, "
+                  f"ROC-AUC {'n/a' if auc is None else f'{auc:.2f}'} over {rep['labels']} verified drafts")
     print()
-    ratio = paired_ratio(result.tok_per_s("phase 1/2"), result.tok_per_s("phase 2/2"))
-    print(f"measured: dspark_dynamic 1/2 / fixed k=2 = {ratio} (median of paired per-round ratios)")
+    for a, b in (("phase 1/2", "phase 2/2"), ("adaptive", "phase 1/2"), ("adaptive", "fixed k=0")):
+        ratio = paired_ratio(result.tok_per_s(a), result.tok_per_s(b))
+        print(f"measured: {SETTINGS[a]} / {SETTINGS[b]} = {ratio} (median of paired per-round ratios)")
     same = result.checks["outputs_identical_to_plain"]
     print(f"greedy outputs {'identical to plain decoding in every run' if same else 'DIFFER from plain decoding'}")
     return 0 if same else 1

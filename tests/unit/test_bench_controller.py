@@ -28,4 +28,5 @@ def test_marker_sets_run_and_flip(bench, markers):
         assert state.advance(rules, [3, *closes[:1]]) is Phase.REASONING  # split: not yet
     assert state.advance(rules, [3, *closes, 4]) is Phase.ANSWER
     assert bench.bench_steps(4, 60, BatchDepth.PER_REQUEST, "phase", markers) > 0
+    assert bench.bench_steps(4, 60, BatchDepth.PER_REQUEST, "adaptive+confidence", markers) > 0
     assert bench.bench_prompt_scan(10_000, 9_999, markers) >= 0

@@ -166,3 +166,56 @@ def test_forget_drops_plans():
     ctl.plan_drafts([FakeRequest("a", [S])])
     ctl.forget("a")
     assert ctl.plans == {} and ctl.states == {}
+
+
+# -- draft confidences ------------------------------------------------------------------------
+
+
+def confident_controller(batch=BatchDepth.PER_REQUEST):
+    from dspark_dynamic.core.adaptive import AdaptivePolicy
+
+    policy = AdaptivePolicy(2, {Phase.REASONING: 1, Phase.ANSWER: 2}, learn_cost=False, explore=0.0,
+                            verify_cost_ratio=0.5)
+    for cal in policy.calibrators.values():
+        cal.theta = [1.0, 0.0, 0.0]
+    return DepthController(RULES, policy, batch)
+
+
+def test_confidences_decide_each_request_once_and_calibrate_from_the_outcome():
+    ctl = confident_controller()
+    sure = FakeRequest("a", [1, S], spec_token_ids=[7, 8])
+    doubtful = FakeRequest("b", [1, S], spec_token_ids=[7, 8])
+    ctl.set_confidences("a", [6.0, 6.0])
+    ctl.set_confidences("b", [-4.0, -4.0])
+    decisions = ctl.before_schedule([sure, doubtful])
+    # the phase policy would give both depth 1 (reasoning); the confidences say 2 and 0
+    assert decisions == {"a": (Phase.REASONING, 2), "b": (Phase.REASONING, 0)}
+    assert sure.spec_token_ids == [7, 8] and doubtful.spec_token_ids == []
+    assert not ctl.confidences  # used once
+    cal = ctl.policy.calibrators[Phase.REASONING]
+    ctl.after_output(decisions, {"a": (2, 1)}, {"a": 2, "b": 1})
+    assert (cal.report.labels, cal.report.observed) == (2, 1)  # draft 1 accepted, draft 2 rejected
+    assert not ctl.verifying
+    # next step without fresh confidences: the depth comes from the policy's plan again
+    again = FakeRequest("a", [1, S], spec_token_ids=[9, 9])
+    assert ctl.before_schedule([again])["a"][1] in (0, 1, 2)
+    assert cal.report.labels == 2
+
+
+def test_confidences_respect_a_uniform_batch_depth():
+    ctl = confident_controller(BatchDepth.MAX)
+    reqs = [FakeRequest("a", [1, S], spec_token_ids=[7, 8]), FakeRequest("b", [1, S], spec_token_ids=[7, 8])]
+    ctl.set_confidences("a", [6.0, 6.0])
+    ctl.set_confidences("b", [-4.0, -4.0])
+    decisions = ctl.before_schedule(reqs)
+    assert decisions["a"][1] == decisions["b"][1]
+
+
+def test_confidences_are_ignored_without_a_gating_policy_and_dropped_on_forget():
+    ctl = make()
+    ctl.set_confidences("a", [6.0, 6.0])
+    assert not ctl.confidences
+    ctl = confident_controller()
+    ctl.set_confidences("a", [6.0, 6.0])
+    ctl.forget("a")
+    assert not ctl.confidences

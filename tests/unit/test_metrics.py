@@ -89,3 +89,148 @@ def test_malformed_or_foreign_snapshots_are_skipped(tmp_path, monkeypatch):
     registry.register(metrics.PhaseCollector(str(d)))
     text = generate_latest(registry).decode()  # /metrics still renders
     assert 'dspark_dynamic:verified_draft_tokens_total{engine=' in text
+
+
+# -- the engine label, and the multiprocess transport (several API servers) --------------------
+
+
+def test_engine_label_is_vllms_engine_index():
+    from types import SimpleNamespace as NS
+
+    assert metrics.engine_label(NS(parallel_config=NS(data_parallel_index=1, data_parallel_rank=0))) == "1"
+    assert metrics.engine_label(NS(parallel_config=NS(data_parallel_rank=3))) == "3"
+    assert metrics.engine_label(None) == "0"
+
+
+def test_series_carry_the_engine_index_not_the_pid(tmp_path, monkeypatch):
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(metrics.MULTIPROC_DIR_ENV, raising=False)
+    metrics.SnapshotWriter(engine="1").write(lambda: {"answer": {"steps": 1, "verified": 2, "accepted": 1,
+                                                                 "tokens": 2, "depth_counts": {"2": 1}}}, force=True)
+    (tmp_path / "engine-99.json").write_text(json.dumps({"pid": 99, "phases": {}, "tracked": 0}))  # an older engine
+    families = {f.name: f for f in metrics.PhaseCollector(str(tmp_path)).collect()}
+    assert {s.labels["engine"] for s in families["dspark_dynamic:steps"].samples} == {"1"}
+    assert {s.labels["engine"] for s in families["dspark_dynamic:tracked_requests"].samples} == {"1", "99"}
+
+
+def test_a_new_engine_announces_itself_and_the_api_server_warns_once_for_one_it_cannot_see(tmp_path, monkeypatch,
+                                                                                            caplog):
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(metrics.MULTIPROC_DIR_ENV, raising=False)
+    metrics.SnapshotWriter(engine="0")  # attached, nothing counted yet: already visible
+    assert metrics.check_engine_visible("0")
+    with caplog.at_level("WARNING", logger="vllm.dspark_dynamic"):
+        assert not metrics.check_engine_visible("7")  # e.g. an engine on another node
+        assert not metrics.check_engine_visible("7")
+    assert len([r for r in caplog.records if "engine 7" in r.getMessage()]) == 1
+
+
+def _publish_in_a_process(multiproc_dir, snapshot_dir, engine: str, steps: int, tracked: int, extra: str = ""):
+    """An engine-core process: PROMETHEUS_MULTIPROC_DIR set before it starts, as vLLM does."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from dspark_dynamic.adapter import metrics\n"
+        f"{extra}\n"
+        f"w = metrics.SnapshotWriter(engine={engine!r})\n"
+        f"phases = {{'reasoning': {{'steps': {steps}, 'verified': {steps}, 'accepted': 1, 'tokens': {steps},"
+        f" 'depth_counts': {{'1': {steps}}}}}}}\n"
+        f"w.write(lambda: phases, force=True, tracked={tracked})\n"
+        "phases['reasoning']['steps'] += 1\n"  # a later, larger value replaces the earlier one
+        f"w.write(lambda: phases, force=True, tracked={tracked})\n"
+    )
+    env = {**os.environ, metrics.MULTIPROC_DIR_ENV: str(multiproc_dir), metrics.METRICS_DIR_ENV: str(snapshot_dir)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+
+
+def test_engines_write_their_series_where_a_multiprocess_registry_reads_them(tmp_path, monkeypatch):
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    from prometheus_client.parser import text_string_to_metric_families
+
+    mp_dir, snap_dir = tmp_path / "prom", tmp_path / "snap"
+    mp_dir.mkdir()
+    # engine 1 in its own process, which also holds a metric of prometheus_client's own
+    # multiprocess values (what a vLLM process writes): both land, in separate files
+    own = ("from prometheus_client import Counter\n"
+           "Counter('vllm:some_requests', 'x', registry=None).inc(5)")
+    _publish_in_a_process(mp_dir, snap_dir, "1", steps=20, tracked=2, extra=own)
+    # engine 0 here (a process whose prometheus_client was imported before the directory was set,
+    # like a forked engine core: the publisher does not depend on prometheus_client's own choice)
+    monkeypatch.setenv(metrics.MULTIPROC_DIR_ENV, str(mp_dir))
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(snap_dir))
+    monkeypatch.setattr(metrics.MultiprocessPublisher, "_instance", None)
+    writer = metrics.SnapshotWriter(engine="0")
+    for steps in (10, 11):
+        writer.write(lambda: {"reasoning": {"steps": steps, "verified": steps, "accepted": 1, "tokens": steps,
+                                            "depth_counts": {"1": steps}}}, force=True)
+    registry = CollectorRegistry()  # what vLLM's /metrics uses with several API servers
+    multiprocess.MultiProcessCollector(registry, path=str(mp_dir))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+    assert samples[("dspark_dynamic:steps_total", (("engine", "0"), ("phase", "reasoning")))] == 11
+    assert samples[("dspark_dynamic:steps_total", (("engine", "1"), ("phase", "reasoning")))] == 21
+    assert samples[("dspark_dynamic:depth_steps_total", (("depth", "1"), ("engine", "1"), ("phase", "reasoning")))] == 20
+    assert samples[("dspark_dynamic:tracked_requests", (("engine", "1"),))] == 2
+    assert samples[("dspark_dynamic:controller_errors_total", (("engine", "0"),))] == 0
+    assert samples[("vllm:some_requests_total", ())] == 5
+
+
+def test_without_a_multiprocess_directory_nothing_is_published(tmp_path, monkeypatch):
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(metrics.MULTIPROC_DIR_ENV, raising=False)
+    assert metrics.SnapshotWriter(engine="0").publisher is None
+
+
+def test_a_publishing_failure_is_logged_once_and_never_raises(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path / "snap"))
+    monkeypatch.setenv(metrics.MULTIPROC_DIR_ENV, str(tmp_path / "missing"))  # no such directory
+    monkeypatch.setattr(metrics.MultiprocessPublisher, "_instance", None)
+    writer = metrics.SnapshotWriter(engine="0")
+    snap = {"answer": {"steps": 1, "verified": 1, "accepted": 1, "tokens": 1, "depth_counts": {"1": 1}}}
+    with caplog.at_level("WARNING", logger="vllm.dspark_dynamic"):
+        writer.write(lambda: snap, force=True)
+        writer.write(lambda: snap, force=True)
+    assert writer.publisher.failed
+    assert len([r for r in caplog.records if "stay off" in r.getMessage()]) == 1
+    assert json.loads(open(writer.path).read())["engine"] == "0"  # the snapshot itself was written
+
+
+def test_draft_confidence_calibration_per_phase_on_metrics(tmp_path, monkeypatch):
+    import random
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from dspark_dynamic.core.confidence import ConfidenceCalibrator
+
+    cal = ConfidenceCalibrator(2)
+    rng = random.Random(0)
+    for _ in range(500):
+        right = rng.random() < 0.6
+        cal.observe([rng.gauss(2.0 if right else -1.0, 1.5)], 1, int(right))
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path))
+    reasoning = {"steps": 500, "verified": 500, "accepted": cal.report.observed, "tokens": 900,
+                 "depth_counts": {"1": 500}, **cal.report.metric_fields()}
+    metrics.SnapshotWriter().write(lambda: {"reasoning": reasoning, "answer": {"steps": 0}}, force=True)
+    registry = CollectorRegistry()
+    registry.register(metrics.PhaseCollector(str(tmp_path)))
+    text = generate_latest(registry).decode()
+
+    def value(series):
+        line = next(l for l in text.splitlines() if l.startswith(series + "{") and 'phase="reasoning"' in l)
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value("dspark_dynamic:confidence_labels_total") == 500
+    assert value("dspark_dynamic:confidence_accepted_total") == cal.report.observed
+    assert value("dspark_dynamic:confidence_predicted_total") == cal.report.predicted
+    assert value("dspark_dynamic:confidence_auc") == cal.report.auc() > 0.8
+    assert value("dspark_dynamic:confidence_calibration_error") == cal.report.ece()
+    assert 'dspark_dynamic:confidence_auc{engine="0",phase="answer"}' not in text  # no labels there: no series
+
+
+def test_no_confidence_series_without_a_gating_policy(tmp_path, monkeypatch):
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path))
+    metrics.SnapshotWriter().write(lambda: {"answer": {"steps": 1, "verified": 2, "accepted": 2, "tokens": 3}}, force=True)
+    names = {f.name for f in metrics.PhaseCollector(str(tmp_path)).collect()}
+    assert not any(n.startswith("dspark_dynamic:confidence") for n in names)

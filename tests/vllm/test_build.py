@@ -88,3 +88,36 @@ def test_trace_path_in_a_missing_directory_fails_with_one_line(tmp_path):
     with pytest.raises(DynamicDepthConfigError) as err:
         build_controller(vllm_config({"dspark_dynamic": {**IDS, "trace_path": bad}}))
     assert "trace_path" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "method, options, async_scheduling, expected",
+    [
+        ("draft_model", {"policy": "adaptive"}, False, "on (draft_model"),
+        ("eagle3", {"policy": "adaptive"}, False, "on (eagle3"),
+        ("draft_model", {"policy": "adaptive"}, True, "none (async scheduling"),
+        ("ngram", {"policy": "adaptive"}, False, "none (ngram drafts carry no distribution)"),
+        ("dspark", {"policy": "adaptive"}, False, "on (dspark, Model Runner V2"),
+        ("dspark", {"policy": "adaptive"}, True, "none (async scheduling"),
+        ("draft_model", {"policy": "adaptive", "adaptive": {"confidence": False}}, False, "off (adaptive.confidence"),
+        ("draft_model", {}, False, ""),  # the phase policy never gates on confidences
+    ],
+)
+def test_the_start_up_line_says_whether_confidences_reach_the_policy(method, options, async_scheduling, expected):
+    from dspark_dynamic.adapter.build import confidence_status
+
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(method=method),
+                          scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
+    status = confidence_status(parse_options(options, 2), cfg)
+    assert status.startswith(expected) if expected else status == ""
+
+
+@pytest.mark.parametrize("method, expected", [("dflash", 0.0), ("dspark", 0.0), ("draft_model", 0.2), ("eagle3", 0.2)])
+def test_draft_position_cost_follows_the_drafter_unless_given(method, expected):
+    from dspark_dynamic.adapter.build import resolve_draft_cost
+
+    options = parse_options({"policy": "adaptive"}, 2)
+    assert options.adaptive.draft_token_cost_ratio is None
+    assert resolve_draft_cost(options, method).adaptive.draft_token_cost_ratio == expected
+    given = parse_options({"policy": "adaptive", "adaptive": {"draft_token_cost_ratio": 0.05}}, 2)
+    assert resolve_draft_cost(given, method).adaptive.draft_token_cost_ratio == 0.05

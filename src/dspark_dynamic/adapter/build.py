@@ -23,7 +23,14 @@ from typing import IO, Any
 
 from dspark_dynamic.adapter.markers import ResolvedMarkers, resolve_markers
 from dspark_dynamic.core.controller import DepthController
-from dspark_dynamic.core.options import CONFIG_KEY, DynamicDepthConfigError, DynamicDepthOptions, parse_options
+from dspark_dynamic.core.options import (
+    CONFIG_KEY,
+    PARALLEL_DRAFTERS,
+    SEQUENTIAL_DRAFT_TOKEN_COST,
+    DynamicDepthConfigError,
+    DynamicDepthOptions,
+    parse_options,
+)
 from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, PhasePolicy
 from dspark_dynamic.core.stats import PhaseStats
 
@@ -120,14 +127,43 @@ class BuiltController:
     controller: DepthController
     trace: IO[str] | None
 
+    confidence: str = ""  # whether the policy gates on draft confidences, and why (not)
+
     def describe(self, method: str | None) -> str:
         o = self.options
         return (
             f"dspark_dynamic: depth controller on (method={method}, num_speculative_tokens="
             f"{o.num_speculative_tokens}, policy={o.policy}, reasoning_depth={o.reasoning_depth}, "
             f"answer_depth={o.answer_depth}, batch_depth={self.batch_depth.value}, "
-            f"bound_drafts={o.bound_drafts}; markers: {self.markers.source})"
+            f"bound_drafts={o.bound_drafts}; markers: {self.markers.source}"
+            + (f"; draft confidences: {self.confidence}" if self.confidence else "") + ")"
         )
+
+
+# Drafters whose proposals carry no distribution, or sample outside the captured calls.
+_NO_DISTRIBUTION = ("ngram", "ngram_gpu", "suffix", "custom_class")
+_OWN_SAMPLER = ("gemma4", "step3p5_mtp")
+
+
+def confidence_status(options: DynamicDepthOptions, vllm_config: Any) -> str:
+    """Whether draft confidences will reach the policy, and if not, why (the start-up line)."""
+    if options.policy != "adaptive":
+        return ""
+    if not options.adaptive.confidence:
+        return "off (adaptive.confidence is false)"
+    spec = getattr(vllm_config, "speculative_config", None)
+    method = getattr(spec, "method", None)
+    if method in _NO_DISTRIBUTION:
+        return f"none ({method} drafts carry no distribution); acceptance estimates only"
+    if method in _OWN_SAMPLER or getattr(spec, "use_local_argmax_reduction", False):
+        return f"none ({method} samples without logits the plugin can read); acceptance estimates only"
+    if getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False):
+        return ("none (async scheduling never hands draft ids to the scheduler; --no-async-scheduling "
+                "lets them through); acceptance estimates only")
+    if method == "dspark":
+        return ("on (dspark, Model Runner V2: the checkpoint's confidence head when its weights are there, "
+                "else log-odds of the maximum draft probability, computed inside the captured draft step)")
+    return f"on ({method}: log-odds of the maximum draft probability, captured where the drafter samples)"
 
 
 def build_controller(vllm_config: Any) -> BuiltController | None:
@@ -140,10 +176,20 @@ def build_controller(vllm_config: Any) -> BuiltController | None:
         raw, vllm_config.speculative_config, reasoning_parser_of(vllm_config), vllm_config.model_config,
         plugin or None,
     )
+    options = resolve_draft_cost(options, getattr(vllm_config.speculative_config, "method", None))
     batch_depth = resolve_batch_depth(options, vllm_config)
     trace = open(options.trace_path, "a", buffering=1) if options.trace_path else None
     controller = DepthController(markers.detector(), build_policy(options), batch_depth, PhaseStats(trace))
-    return BuiltController(options, markers, batch_depth, controller, trace)
+    return BuiltController(options, markers, batch_depth, controller, trace, confidence_status(options, vllm_config))
+
+
+def resolve_draft_cost(options: DynamicDepthOptions, method: str | None) -> DynamicDepthOptions:
+    """``adaptive.draft_token_cost_ratio`` unset: 0 for a parallel drafter (every position in one
+    pass), ``SEQUENTIAL_DRAFT_TOKEN_COST`` for one that runs a forward per drafted position."""
+    if options.adaptive.draft_token_cost_ratio is not None:
+        return options
+    ratio = 0.0 if method in PARALLEL_DRAFTERS else SEQUENTIAL_DRAFT_TOKEN_COST
+    return replace(options, adaptive=replace(options.adaptive, draft_token_cost_ratio=ratio))
 
 
 def reasoning_parser_of(vllm_config: Any) -> str | None:

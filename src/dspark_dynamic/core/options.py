@@ -20,6 +20,8 @@ ALIAS_METHOD = "dspark_dynamic"
 POLICIES = ("phase", "adaptive")
 BATCH_DEPTHS = ("auto",) + tuple(m.value for m in BatchDepth)
 PHASES = ("reasoning", "answer")
+PARALLEL_DRAFTERS = ("dspark", "dflash")  # one pass drafts every position
+SEQUENTIAL_DRAFT_TOKEN_COST = 0.2  # a sequential drafter's forward per position, vs a plain step
 MARKER_KEYS = ("reasoning_start_ids", "reasoning_end_ids", "reasoning_reset_ids")
 
 
@@ -40,12 +42,15 @@ class AdaptiveOptions:
     min_depth: int = 0
     verify_cost_ratio: float = 0.5  # d / T0: cost of one more verified token vs a plain step
     draft_cost_ratio: float = 0.04  # c_draft / T0: cost of running the drafter at all
-    draft_token_cost_ratio: float = 0.0  # per drafted position: 0 parallel (DSpark), > 0 sequential
+    # per drafted position: 0 for a parallel drafter (DSpark, DFlash), > 0 for a sequential one;
+    # None: from the drafter (the builder sets it: 0 parallel, SEQUENTIAL_DRAFT_TOKEN_COST otherwise)
+    draft_token_cost_ratio: float | None = None
     learn_cost: bool = True  # refine the cost ratios from measured step times
     explore: float = 0.02  # probability of trying a neighbouring depth
     hysteresis: float = 0.01  # relative gain needed before switching depth
     prior_weight: float = 20.0  # pseudo-observations behind the starting estimates
     window: float = 400.0  # effective memory (observations) of the acceptance estimates
+    confidence: bool = True  # use the drafter's per-draft confidences when it reports them
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,9 @@ def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
     learn = value.get("learn_cost", d.learn_cost)
     if not isinstance(learn, bool):
         raise _fail("adaptive.learn_cost", learn, "true or false")
+    confidence = value.get("confidence", d.confidence)
+    if not isinstance(confidence, bool):
+        raise _fail("adaptive.confidence", confidence, "true or false")
     return AdaptiveOptions(
         min_depth=_int("adaptive.min_depth", value.get("min_depth", d.min_depth), 0, num_spec),
         verify_cost_ratio=_float(
@@ -157,9 +165,8 @@ def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
         draft_cost_ratio=_float(
             "adaptive.draft_cost_ratio", value.get("draft_cost_ratio", d.draft_cost_ratio), 0.0, 100.0
         ),
-        draft_token_cost_ratio=_float(
-            "adaptive.draft_token_cost_ratio",
-            value.get("draft_token_cost_ratio", d.draft_token_cost_ratio), 0.0, 100.0,
+        draft_token_cost_ratio=None if value.get("draft_token_cost_ratio") is None else _float(
+            "adaptive.draft_token_cost_ratio", value["draft_token_cost_ratio"], 0.0, 100.0,
         ),
         learn_cost=learn,
         explore=_float("adaptive.explore", value.get("explore", d.explore), 0.0, 0.5),
@@ -168,6 +175,7 @@ def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
             "adaptive.prior_weight", value.get("prior_weight", d.prior_weight), 0.0, 1e6
         ),
         window=_float("adaptive.window", value.get("window", d.window), 1.0, 1e9),
+        confidence=confidence,
     )
 
 

@@ -8,6 +8,12 @@ i.e. speculation off; under the controller the drafter runs even when k = 0).
 Requests run one after another (a single stream, like the user's box); adaptive estimates
 carry over between requests.
 
+With draft confidences (``ConfidenceModel``), every position also carries one feature per
+draft: drawn around ``right`` for a draft the target would accept, around ``wrong`` otherwise
+(drafts past the first rejected one: right with the position's rate), so a policy sees noisy
+per-draft evidence of known ROC-AUC; a step drafting J positions and verifying k costs
+``T0 + c_draft + d * k + c_token * J``.
+
 Trace files are JSONL with one row per position: ``{"req": "r1", "phase": "reasoning", "L": 2}``.
 The controller's own trace (``trace_path``: rows with ``phase``, ``k``, ``accepted``) can be
 turned into a trace with ``trace_from_controller_rows``: per phase, it keeps the recorded
@@ -17,6 +23,7 @@ phase lengths and replays the recorded per-position acceptance rates.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -45,6 +52,10 @@ class CostModel:
         if not drafting:
             return self.t0_ms + self.verify_ms * k
         return self.t0_ms + self.draft_ms + (self.verify_ms + self.draft_token_ms) * k
+
+    def gated_step_ms(self, k: int, drafted: int) -> float:
+        """A step that drafted ``drafted`` positions and verified ``k`` of them."""
+        return self.t0_ms + self.draft_ms + self.verify_ms * k + self.draft_token_ms * drafted
 
     @staticmethod
     def add_arguments(parser: Any) -> None:
@@ -147,6 +158,57 @@ def drift_trace(requests: int = 20, seed: int = 4, reasoning: int = 2000, answer
     )
 
 
+@dataclass(frozen=True)
+class ConfidenceModel:
+    """Per-draft features: Normal(``right``, ``spread``) for a draft the target accepts, Normal(
+    ``wrong``, ``spread``) otherwise; ROC-AUC = Phi((right - wrong) / (spread * sqrt 2)).
+    ``right == wrong``: an overconfident drafter whose confidence says nothing."""
+
+    right: float = 2.0
+    wrong: float = -0.2
+    spread: float = 1.5
+
+    @property
+    def auc(self) -> float:
+        z = (self.right - self.wrong) / (self.spread * math.sqrt(2.0))
+        return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+    @classmethod
+    def with_auc(cls, auc: float, spread: float = 1.5, right: float = 2.0) -> "ConfidenceModel":
+        lo, hi = 0.0, 20.0  # bisection on the gap (AUC rises with it)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if cls(right, right - mid, spread).auc < auc:
+                lo = mid
+            else:
+                hi = mid
+        return cls(right, right - (lo + hi) / 2, spread)
+
+
+Features = list[list[list[float]]]  # [request][position][draft]
+
+
+def draft_features(trace: Trace, model: ConfidenceModel, n: int, seed: int = 7) -> Features:
+    """One feature per draft for every position of ``trace`` (the same for every policy)."""
+    rng = random.Random(seed)
+    out: Features = []
+    for positions in trace:
+        rows = []
+        for _phase, L, rates in positions:
+            row = []
+            for j in range(n):
+                if j < L:
+                    right = True
+                elif j == L:
+                    right = False
+                else:  # past the first rejected draft: right as often as the position's rate
+                    right = rng.random() < (rates[j] if j < len(rates) else 0.5)
+                row.append(rng.gauss(model.right if right else model.wrong, model.spread))
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
 def trace_from_controller_rows(rows: Iterable[dict], seed: int = 3) -> Trace:
     """Rebuild a replayable trace from the controller's JSONL rows (phase, k, accepted, tokens).
 
@@ -247,9 +309,9 @@ def hindsight_depth(L: int, cost: CostModel, max_k: int) -> int:
     return max(range(max_k + 1), key=lambda k: (min(k, L) + 1) / cost.step_ms(k))
 
 
-def replay_adaptive(trace: Trace, cost: CostModel, n: int, reasoning_depth: int, answer_depth: int) -> Result:
-    """The adaptive policy with up to ``n`` drafts, told the cost model's ratios."""
-    adaptive = AdaptivePolicy(
+def told_policy(cost: CostModel, n: int, reasoning_depth: int, answer_depth: int) -> AdaptivePolicy:
+    """The adaptive policy with up to ``n`` drafts, told the cost model's ratios (not learning them)."""
+    return AdaptivePolicy(
         n,
         {Phase.REASONING: min(reasoning_depth, n), Phase.ANSWER: min(answer_depth, n)},
         verify_cost_ratio=cost.verify_ms / cost.t0_ms,
@@ -257,6 +319,11 @@ def replay_adaptive(trace: Trace, cost: CostModel, n: int, reasoning_depth: int,
         draft_token_cost_ratio=cost.draft_token_ms / cost.t0_ms,
         learn_cost=False,
     )
+
+
+def replay_adaptive(trace: Trace, cost: CostModel, n: int, reasoning_depth: int, answer_depth: int) -> Result:
+    """The adaptive policy with up to ``n`` drafts, told the cost model's ratios."""
+    adaptive = told_policy(cost, n, reasoning_depth, answer_depth)
     return replay(
         trace,
         f"adaptive (k<={n})",
@@ -267,10 +334,37 @@ def replay_adaptive(trace: Trace, cost: CostModel, n: int, reasoning_depth: int,
     )
 
 
+def replay_confident(trace: Trace, features: Features, cost: CostModel, n: int, reasoning_depth: int,
+                     answer_depth: int) -> Result:
+    """The adaptive policy gating each step on its drafts' features (costs given, not learned)."""
+    policy = told_policy(cost, n, reasoning_depth, answer_depth)
+    policy.confidence_seen = True
+    res = Result(f"adaptive + confidence (k<={n})")
+    for r, positions in enumerate(trace):
+        req, t = f"req-{r}", 0
+        while t < len(positions):
+            phase, L, _ = positions[t]
+            drafted = policy.depth(phase, req)
+            f = features[r][t][:drafted]
+            k = policy.gate([(phase, req, f, drafted)])[0] if drafted else 0
+            m = min(k, L)
+            res.tokens += m + 1
+            res.ms += cost.gated_step_ms(k, drafted)
+            res.steps += 1
+            res.verified += k
+            res.accepted += m
+            policy.observe(phase, k, m, req)
+            if k:
+                policy.observe_confidence(phase, f[:k], k, m, req)
+            t += m + 1
+        policy.forget(req)
+    return res
+
+
 def compare(trace: Trace, cost: CostModel, max_k: int = 3, phase_depths: tuple[int, int] = (1, 2),
-            adaptive_n: int | None = None) -> list[Result]:
-    """Fixed k = 0..max_k, the phase policy, the adaptive policy, the per-step oracle and the
-    hindsight bound."""
+            adaptive_n: int | None = None, features: Features | None = None) -> list[Result]:
+    """Fixed k = 0..max_k, the phase policy, the adaptive policy (and, given ``features``, the
+    adaptive policy gating on them), the per-step oracle and the hindsight bound."""
     results = [replay(trace, "fixed k=0 (no speculation)", lambda r, pos: 0, cost, drafting=False)]
     for k in range(1, max_k + 1):
         results.append(replay(trace, f"fixed k={k}", lambda r, pos, k=k: k, cost))
@@ -279,6 +373,8 @@ def compare(trace: Trace, cost: CostModel, max_k: int = 3, phase_depths: tuple[i
     results.append(replay(trace, f"phase {reasoning_depth}/{answer_depth}", lambda r, pos: phase.depth(pos[0], r), cost))
     for n in sorted({min(answer_depth, max_k), max_k} if adaptive_n is None else {adaptive_n}):
         results.append(replay_adaptive(trace, cost, n, reasoning_depth, answer_depth))
+        if features is not None:
+            results.append(replay_confident(trace, features, cost, n, reasoning_depth, answer_depth))
     if all(pos[2] for positions in trace for pos in positions[:1]):
         results.append(replay(trace, "oracle per step", lambda r, pos: oracle_depth(pos[2], cost, max_k), cost))
     results.append(replay(trace, "hindsight bound", lambda r, pos: hindsight_depth(pos[1], cost, max_k), cost))

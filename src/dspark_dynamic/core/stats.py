@@ -155,3 +155,13 @@ class PhaseStats:
     def close(self) -> None:
         if self._trace is not None:
             self._trace.flush()
+
+    def stop_trace(self) -> None:
+        """Stop tracing and close the trace file (after a fault: a flush that fails again, e.g.
+        on a full disk, is dropped with the rows it held)."""
+        trace, self._trace = self._trace, None
+        if trace is not None:
+            try:
+                trace.close()
+            except OSError:
+                pass

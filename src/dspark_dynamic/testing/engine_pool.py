@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dspark_dynamic.testing.engine_run import engine_env, spec_counters
+from dspark_dynamic.testing.engine_run import confidence_reports, engine_env, spec_counters
 
 
 @dataclass
@@ -71,7 +71,8 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
 
             hook = latest_controller()
             conn.send({"vllm": spec_counters(llm), "phases": hook.controller.stats.snapshot() if hook else None,
-                       "live_states": len(hook.controller.states) if hook else None})
+                       "live_states": len(hook.controller.states) if hook else None,
+                       "confidence": confidence_reports(hook)})
             continue
         end_id = cmd["end_id"]
         phase = cmd["start_phase"]

@@ -5,7 +5,9 @@
 SPEC: {"model": path, "speculative_config": {...} | null, "additional_config": {...} | null,
        "batches": [[{"prompt_ids": [...], "max_tokens": N, ...sampling params}, ...], ...],
        "engine": {extra LLM kwargs}, "abort_storm": {...} (optional),
-       "verifier": "reference" | "blind" (optional: patch vLLM's rejection sampler, tests only)}
+       "verifier": "reference" | "blind" (optional: patch vLLM's rejection sampler, tests only),
+       "faults": [null | {"at": point, "after": N}, ...] (optional, one per batch: fault
+       injection, tests only; see dspark_dynamic.testing.faults)}
 Each batch is one ``LLM.generate`` call; vLLM's spec-decode counters and the controller's
 per-phase totals are reported after every batch (cumulative), so callers can take differences.
 Tests run it in a subprocess: every engine gets a fresh process.
@@ -78,6 +80,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         from dspark_dynamic.testing import reference_sampler
 
         reference_sampler.install(spec["verifier"], int(spec.get("verifier_seed", 0)))
+    faults = None
+    if spec.get("faults"):  # tests: fault injection (see dspark_dynamic.testing.faults)
+        from dspark_dynamic.testing import faults
+
+        faults.install(spec["faults"])
     llm = LLM(**kwargs)
     init_s = time.monotonic() - t0
     from dspark_dynamic.adapter.patches.scheduler import latest_controller
@@ -89,7 +96,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         report["markers"] = hook.markers_source
         report["marker_ids"] = {k: list(getattr(hook.options, k)) for k in MARKER_KEYS}
         report["default_phase"] = hook.options.default_phase
-    for batch in spec["batches"]:
+    for i, batch in enumerate(spec["batches"]):
+        if faults is not None:
+            faults.arm(llm, spec["faults"][i])
         prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in batch]
         params = [
             SamplingParams(temperature=r.get("temperature", 0.0), max_tokens=r.get("max_tokens", 256),
@@ -108,13 +117,25 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "vllm": spec_counters(llm),
                 "phases": hook.controller.stats.snapshot() if hook else None,
                 "live_states": len(hook.controller.states) if hook else None,
+                "confidence": confidence_reports(hook),
             }
         )
+        if faults is not None:
+            report["batches"][-1]["fail_open"] = faults.report(llm)
     if "abort_storm" in spec:
         report["abort_storm"] = abort_storm(llm, spec["abort_storm"])
     if hook := latest_controller():
         hook.controller.stats.close()
     return report
+
+
+def confidence_reports(hook: Any) -> dict[str, Any] | None:
+    """Per phase: the draft-confidence calibration report (None without a gating policy)."""
+    calibrators = getattr(hook.controller.policy, "calibrators", None) if hook else None
+    if not calibrators:
+        return None
+    return {phase.label: {**cal.report.to_dict(), "auc": cal.report.auc(), "ece": cal.report.ece(),
+                          "theta": list(cal.theta)} for phase, cal in calibrators.items()}
 
 
 def abort_storm(llm: Any, cfg: dict[str, Any]) -> dict[str, Any]:

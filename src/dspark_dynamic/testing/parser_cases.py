@@ -308,10 +308,25 @@ CASES: dict[str, ParserCase] = {
     "step3p5": _chatml(),
 }
 CASES["cohere_command4"] = CASES["cohere_command3"]
-# registered by vLLM 0.33 (the import/structure job runs these cases there)
+# registered by vLLM 0.33 and 0.34 only (the import/structure jobs run these cases there)
 CASES["beam"] = CASES["hf"]
-CASES["muse"] = CASES["musespark1x"] = CASES["muse_glimmer"]
 CASES["step5"] = _BASE
+# Muse's Spark profile: reasoning in a recipient-less message, then commentary and the answer
+CASES["muse"] = CASES["musespark1x"] = CASES["musespark"] = ParserCase(
+    specials=("<|message|>", "<|eom|>", "<|eot|>", "<|start|>"),
+    prompt="<|start|>user<|message|>What is 2+2?<|eot|><|start|>assistant", out_start="<|message|>",
+    close="<|eom|>", answer="<|start|>assistant to=commentary<|message|>Checking.<|eom|>"
+                            "<|start|>assistant to=user<|message|>The answer is 4.",
+    api_agrees=False, note="recipient-less reasoning, commentary; multi-token markers",
+)
+# vLLM 0.34: Ripple's markers are plain text, several tokens each; its prompt does not open <think>
+CASES["ripple"] = ParserCase(
+    specials=CHATML,
+    prompt=QWEN_HISTORY, prompt_phase="answer", out_start="<think>",
+    reasoning="\nI add two and two, which makes four. Let me double check: yes, four.\n", close="</think>",
+    answer="\n\nThe answer is 4.", api_agrees=False, note="plain-text markers, as in Ripple's template",
+)
+CASES["zaya"] = _chatml(tools=("<zyphra_tool_call>", "</zyphra_tool_call>"))
 
 
 @dataclass(frozen=True)
@@ -401,11 +416,20 @@ def _describe(markers: Any, tokenizer: Any) -> str:
     return f"{how}: " + "; ".join(p for p in parts if p)
 
 
-def table() -> str:
+TEST_PARSER_PREFIX = "dspark_test_"  # plugin parsers this project's tests register (testing/*_parser.py)
+
+
+def vllm_parsers() -> list[str]:
+    """The parsers the installed vLLM registers, without the ones this project's tests add to
+    the same registry when they run in this process."""
     from vllm.reasoning import ReasoningParserManager
 
+    return [n for n in ReasoningParserManager.list_registered() if not n.startswith(TEST_PARSER_PREFIX)]
+
+
+def table() -> str:
     rows = ["| `--reasoning-parser` | how the phase is followed | test |", "|---|---|---|"]
-    for name in ReasoningParserManager.list_registered():
+    for name in vllm_parsers():
         if name not in CASES:
             rows.append(f"| `{name}` | **no case yet** | |")
             continue

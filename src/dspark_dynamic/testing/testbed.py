@@ -14,7 +14,8 @@ for 1 or 3 tokens).  The testbed target is a Mixtral-style MoE with the tiny mod
   target's is);
 - the drafter is the tiny Llama phase draft (``draft_model``), right on 52.5 % of reasoning
   transitions and 90 % of answer ones: 40 % / 86 % of drafts accepted at k = 2, the seed's
-  40 % / 90 %.
+  40 % / 90 %; its distribution says how sure it is (``DraftConfidence``: peaked where right,
+  flatter with a wrong argmax where wrong, ROC-AUC about 0.85; ``drafter_confidence_auc``).
 
 The expert reads must dominate a step for the cost shape to hold: with narrower experts the
 fixed per-step work of vLLM and of the sequential drafter hides the per-token cost.  Measured
@@ -28,17 +29,22 @@ from pathlib import Path
 
 from dspark_dynamic.testing.tiny_models import (
     HIDDEN,
+    DraftConfidence,
     Script,
     base_config,
     build_cached,
     build_phase_draft,
     chain_tensors,
+    confidence_auc,
+    confidence_gaps,
+    phase_draft_transitions,
     prompt_ids,
     save_model,
     silent_attention,
 )
 
-__all__ = ["TESTBED_SCRIPT", "MoEShape", "build_moe_target", "build_testbed_draft", "prompt_ids"]
+__all__ = ["TESTBED_SCRIPT", "MoEShape", "build_moe_target", "build_testbed_draft", "prompt_ids",
+           "drafter_confidence_auc"]
 
 # Reasoning about three times as long as the answer, as on the seed box (~2000 / ~600 tokens).
 TESTBED_SCRIPT = Script(reasoning_len=160, answer_len=50)
@@ -90,6 +96,19 @@ def build_moe_target(script: Script = TESTBED_SCRIPT, shape: MoEShape = MoEShape
     return build_cached("moe-target", spec, script, lambda out: _write_moe(out, script, shape))
 
 
-def build_testbed_draft(script: Script = TESTBED_SCRIPT) -> Path:
-    """The testbed's drafter: seed-like acceptance (about 41 % reasoning, 87 % answer at k=2)."""
-    return build_phase_draft(script, REASONING_HIT, ANSWER_HIT, seed=DRAFT_SEED)
+def build_testbed_draft(script: Script = TESTBED_SCRIPT, confidence: DraftConfidence | None = DraftConfidence()) -> Path:
+    """The testbed's drafter: seed-like acceptance (about 41 % reasoning, 87 % answer at k=2);
+    greedy drafts are the same with or without ``confidence``."""
+    return build_phase_draft(script, REASONING_HIT, ANSWER_HIT, seed=DRAFT_SEED, confidence=confidence)
+
+
+def drafter_confidence_auc(script: Script = TESTBED_SCRIPT, confidence: DraftConfidence = DraftConfidence()) -> dict[str, float]:
+    """ROC-AUC of the testbed drafter's confidence gaps over its reasoning, answer and all
+    transitions (how well its own sureness separates right drafts from wrong ones)."""
+    table = phase_draft_transitions(script, REASONING_HIT, ANSWER_HIT, DRAFT_SEED)
+    gaps = confidence_gaps(script, table, confidence)
+    return {
+        "reasoning": confidence_auc(script, table, gaps, script.reasoning_transitions()),
+        "answer": confidence_auc(script, table, gaps, script.answer_transitions()),
+        "all": confidence_auc(script, table, gaps, script.reasoning_transitions() + script.answer_transitions()),
+    }

@@ -148,41 +148,49 @@ def _write_tokenizer(out: Path, script: Script) -> None:
     )
 
 
-def chain_tensors(transitions: dict[int, int] | list[tuple[int, int]], seed: int) -> tuple[dict, "object"]:
+CHAIN_LOGIT = 30.0  # a successor's logit
+
+
+def chain_tensors(transitions: dict[int, int] | list[tuple], seed: int, hidden: int = HIDDEN,
+                  orthogonal: bool = False) -> tuple[dict, "object"]:
     """Embedding, final norm and lm_head of a chain model, plus the generator for the rest.
 
-    ``transitions``: source -> successor, or (source, successor) pairs; a source with several
-    successors gives each the same logit (a fair branch).  A successor's logit is 30, every
-    other one |cos| * 30 <~ 11: even temperature-1 sampling follows the transitions (a token that
-    is no successor has probability < 1e-6 per step).
+    ``transitions``: source -> successor, or (source, successor) pairs, or (source, successor,
+    weight) triples; a source with several successors gives each the same logit (a fair
+    branch), or ``weight * 30``.  A successor's logit is 30, every other one |cos| * 30 <~ 11:
+    even temperature-1 sampling follows the transitions (a token that is no successor has
+    probability < 1e-6 per step).  ``orthogonal`` (needs ``hidden >= VOCAB_SIZE``): orthonormal
+    embeddings, so every logit is exactly its designed value (no cross-talk between tokens).
     """
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    embed = torch.randn(VOCAB_SIZE, HIDDEN, generator=g)
+    embed = torch.randn(VOCAB_SIZE, hidden, generator=g)
+    if orthogonal:
+        embed = torch.linalg.qr(torch.randn(hidden, hidden, generator=g))[0][:VOCAB_SIZE] * hidden**0.5
     unit = embed / embed.norm(dim=1, keepdim=True)
-    scale = 30.0 / HIDDEN**0.5
-    lm_head = torch.zeros(VOCAB_SIZE, HIDDEN)
+    scale = CHAIN_LOGIT / hidden**0.5
+    lm_head = torch.zeros(VOCAB_SIZE, hidden)
     pairs = transitions.items() if isinstance(transitions, dict) else transitions
-    for src, dst in pairs:
-        lm_head[dst] += unit[src] * scale
-    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(HIDDEN), "lm_head.weight": lm_head}
+    for src, dst, *weight in pairs:
+        lm_head[dst] += unit[src] * scale * (weight[0] if weight else 1.0)
+    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(hidden), "lm_head.weight": lm_head}
     return tensors, g
 
 
-def silent_attention(layer: int, g) -> dict:
+def silent_attention(layer: int, g, hidden: int = HIDDEN) -> dict:
     """One decoder layer's attention and norms; ``o_proj`` is zero, so it adds nothing."""
     import torch
 
     small = lambda *shape: torch.randn(*shape, generator=g) * 0.02  # noqa: E731
     p = f"model.layers.{layer}."
     return {
-        p + "self_attn.q_proj.weight": small(HIDDEN, HIDDEN),
-        p + "self_attn.k_proj.weight": small(HIDDEN, HIDDEN),
-        p + "self_attn.v_proj.weight": small(HIDDEN, HIDDEN),
-        p + "self_attn.o_proj.weight": torch.zeros(HIDDEN, HIDDEN),
-        p + "input_layernorm.weight": torch.ones(HIDDEN),
-        p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
+        p + "self_attn.q_proj.weight": small(hidden, hidden),
+        p + "self_attn.k_proj.weight": small(hidden, hidden),
+        p + "self_attn.v_proj.weight": small(hidden, hidden),
+        p + "self_attn.o_proj.weight": torch.zeros(hidden, hidden),
+        p + "input_layernorm.weight": torch.ones(hidden),
+        p + "post_attention_layernorm.weight": torch.ones(hidden),
     }
 
 
@@ -195,15 +203,15 @@ def save_model(out: Path, tensors: dict, config: dict) -> None:
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
 
 
-def base_config(architecture: str, model_type: str, layers: int) -> dict:
+def base_config(architecture: str, model_type: str, layers: int, hidden: int = HIDDEN) -> dict:
     return {
         "architectures": [architecture],
         "model_type": model_type,
         "vocab_size": VOCAB_SIZE,
-        "hidden_size": HIDDEN,
+        "hidden_size": hidden,
         "num_hidden_layers": layers,
-        "num_attention_heads": HIDDEN // HEAD_DIM,
-        "num_key_value_heads": HIDDEN // HEAD_DIM,
+        "num_attention_heads": hidden // HEAD_DIM,
+        "num_key_value_heads": hidden // HEAD_DIM,
         "head_dim": HEAD_DIM,
         "hidden_act": "silu",
         "max_position_embeddings": 1024,
@@ -217,17 +225,18 @@ def base_config(architecture: str, model_type: str, layers: int) -> dict:
     }
 
 
-def _write_model(out: Path, transitions: dict[int, int] | list[tuple[int, int]], seed: int) -> None:
+def _write_model(out: Path, transitions: dict[int, int] | list[tuple], seed: int, hidden: int = HIDDEN,
+                 orthogonal: bool = False) -> None:
     """A 1-layer Llama: attention and MLP write nothing (o_proj, down_proj zero)."""
     import torch
 
-    tensors, g = chain_tensors(transitions, seed)
-    tensors.update(silent_attention(0, g))
-    inter = HIDDEN
-    tensors["model.layers.0.mlp.gate_proj.weight"] = torch.randn(inter, HIDDEN, generator=g) * 0.02
-    tensors["model.layers.0.mlp.up_proj.weight"] = torch.randn(inter, HIDDEN, generator=g) * 0.02
-    tensors["model.layers.0.mlp.down_proj.weight"] = torch.zeros(HIDDEN, inter)
-    save_model(out, tensors, {**base_config("LlamaForCausalLM", "llama", 1), "intermediate_size": inter})
+    tensors, g = chain_tensors(transitions, seed, hidden, orthogonal)
+    tensors.update(silent_attention(0, g, hidden))
+    inter = hidden
+    tensors["model.layers.0.mlp.gate_proj.weight"] = torch.randn(inter, hidden, generator=g) * 0.02
+    tensors["model.layers.0.mlp.up_proj.weight"] = torch.randn(inter, hidden, generator=g) * 0.02
+    tensors["model.layers.0.mlp.down_proj.weight"] = torch.zeros(hidden, inter)
+    save_model(out, tensors, {**base_config("LlamaForCausalLM", "llama", 1, hidden), "intermediate_size": inter})
 
 
 def build_cached(kind: str, spec: dict, script: Script, write: Callable[[Path], None]) -> Path:
@@ -274,13 +283,78 @@ def phase_draft_transitions(
     return table
 
 
+@dataclass(frozen=True)
+class DraftConfidence:
+    """How sure a phase draft is of each transition: the gap (in logits) between its choice and
+    a runner-up, drawn per transition from Normal(``right``, ``spread``) where the choice is the
+    script's successor and Normal(``wrong``, ``spread``) where it is not (at least ``floor``,
+    so the choice stays the argmax).  The gap is about the log-odds of the draft's maximum
+    probability: peaked where right, flatter where wrong, overlapping (ROC-AUC ~0.85)."""
+
+    right: float = 4.2
+    wrong: float = 2.0
+    spread: float = 1.5
+    floor: float = 0.2
+    seed: int = 11
+
+
+def confidence_gaps(script: Script, table: dict[int, int], confidence: DraftConfidence) -> dict[int, float]:
+    """Per source token of ``table``: the logit gap between the draft's choice and its runner-up."""
+    import random
+
+    rng = random.Random(confidence.seed)
+    right = script.successor()
+    return {
+        src: max(confidence.floor, rng.gauss(confidence.right if dst == right.get(src) else confidence.wrong,
+                                             confidence.spread))
+        for src, dst in sorted(table.items())
+    }
+
+
+def confidence_auc(script: Script, table: dict[int, int], gaps: dict[int, float],
+                   sources: list[int] | None = None) -> float:
+    """ROC-AUC of the gaps as a score of 'the draft is right', over ``sources`` (default: all)."""
+    right = script.successor()
+    srcs = sources if sources is not None else sorted(gaps)
+    pos = [gaps[s] for s in srcs if table[s] == right.get(s)]
+    neg = [gaps[s] for s in srcs if table[s] != right.get(s)]
+    if not pos or not neg:
+        return float("nan")
+    wins = sum((a > b) + 0.5 * (a == b) for a in pos for b in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def _write_confident_model(out: Path, script: Script, table: dict[int, int], gaps: dict[int, float]) -> None:
+    """The chain model of ``table`` whose choice at ``src`` leads a runner-up by ``gaps[src]``
+    logits: the script's successor where the choice is wrong, the successor's successor (else a
+    filler) where it is right.  Orthonormal embeddings (hidden = vocabulary size) keep every
+    other logit at 0, so the log-odds of the maximum probability is the gap."""
+    right = script.successor()
+    fillers = script.filler_ids()
+    pairs: list[tuple[int, int, float]] = []
+    for i, (src, dst) in enumerate(sorted(table.items())):
+        if dst != right.get(src) and src in right:
+            runner = right[src]
+        else:
+            runner = right.get(dst, fillers[i % len(fillers)])
+        pairs.append((src, dst, 1.0))
+        pairs.append((src, runner, 1.0 - gaps[src] / CHAIN_LOGIT))
+    _write_model(out, pairs, seed=0, hidden=VOCAB_SIZE, orthogonal=True)
+
+
 def build_phase_draft(
-    script: Script = Script(), reasoning_hit: float = 0.4, answer_hit: float = 0.9, seed: int = 1
+    script: Script = Script(), reasoning_hit: float = 0.4, answer_hit: float = 0.9, seed: int = 1,
+    confidence: DraftConfidence | None = None,
 ) -> Path:
-    """A draft right on ~``reasoning_hit`` of reasoning steps and ~``answer_hit`` of answer steps."""
+    """A draft right on ~``reasoning_hit`` of reasoning steps and ~``answer_hit`` of answer steps;
+    with ``confidence``, its distribution says how sure it is (see ``DraftConfidence``)."""
     spec = {"script": asdict(script), "reasoning_hit": reasoning_hit, "answer_hit": answer_hit, "seed": 0, "draft_seed": seed}
     table = phase_draft_transitions(script, reasoning_hit, answer_hit, seed)
-    return build_cached("phase-draft", spec, script, lambda out: _write_model(out, table, seed=0))
+    if confidence is None:
+        return build_cached("phase-draft", spec, script, lambda out: _write_model(out, table, seed=0))
+    gaps = confidence_gaps(script, table, confidence)
+    spec["confidence"] = asdict(confidence)
+    return build_cached("phase-draft", spec, script, lambda out: _write_confident_model(out, script, table, gaps))
 
 
 def prompt_ids(script: Script = Script(), thinking: bool = True, words: int = 6) -> list[int]:

@@ -8,7 +8,17 @@ Settings (each a live vLLM engine on the testbed target, ``draft_model`` drafter
 - ``phase 1/2``: N = 2 and the phase policy (1 draft while reasoning, 2 while answering);
   any ``phase R/A`` works (``phase 2/2`` is fixed k = 2 with per-phase counts), and
   ``phase R/A unbounded`` turns the draft bound off (the drafter always drafts N);
-- ``adaptive``: N = 2 and ``policy: adaptive`` with default options (costs learned online).
+- ``adaptive``: N = 2 and ``policy: adaptive`` with default options (costs learned online; the
+  drafter's own confidences gate each step);
+- ``adaptive (no confidence)``: the same with ``adaptive.confidence`` off (acceptance estimates
+  only), for comparison.
+
+``shape``: the MoE target's shape (``MoEShape``; ``narrow`` = 32 experts x 4096, top-4, where a
+step at depth 0/1/2 costs about 8 / 13 / 18 ms).  ``drafter``: ``draft_model`` (the sequential
+tiny Llama phase draft on the Mixtral testbed: one drafter forward per drafted position) or
+``dflash`` (the hand-set parallel drafter, ``testing.parallel_drafter``, on the same cost shape
+as a Qwen3-MoE, which has the aux hidden states DFlash reads: one forward drafts every
+position, DSpark's cost shape); every setting, k = 0 included, runs on that drafter's target.
 
 Every round runs ``requests`` thinking-mode requests on every setting, one request at a time:
 one request per setting in a rotated order, ``requests`` times, so a slow spell of the shared
@@ -28,10 +38,11 @@ from typing import Any
 from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
 from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
 from dspark_dynamic.testing.engine_pool import EnginePool
-from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, build_moe_target, build_testbed_draft, prompt_ids
+from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, MoEShape, build_moe_target, build_testbed_draft, prompt_ids
 
 PHASES = ("reasoning", "answer")
-DEFAULT_SETTINGS = ("fixed k=0", "fixed k=1", "fixed k=2", "phase 1/2", "adaptive")
+DEFAULT_SETTINGS = ("fixed k=0", "fixed k=1", "fixed k=2", "phase 1/2", "adaptive", "adaptive (no confidence)")
+SHAPES = {"default": MoEShape(), "narrow": MoEShape(experts=32, intermediate=4096, top_k=4)}
 # The claims the benchmark prints: (numerator, denominator); "best of k=1|phase" is resolved to
 # whichever of the two has the higher median tok/s.
 CLAIMS = (
@@ -40,28 +51,49 @@ CLAIMS = (
     ("adaptive", "phase 1/2"),
     ("adaptive", "best of fixed k=1|phase 1/2"),
     ("adaptive", "fixed k=2"),
+    ("adaptive", "fixed k=0"),
+    ("adaptive", "adaptive (no confidence)"),
+    ("adaptive (no confidence)", "phase 1/2"),
     ("phase 1/2", "phase 1/2 unbounded"),
     ("fixed k=1", "fixed k=0"),
 )
 
 
 def controlled(name: str) -> bool:
-    return name.startswith("phase ") or name == "adaptive"
+    return name.startswith("phase ") or name.startswith("adaptive")
 
 
 def trace_file(trace_dir: Path, name: str) -> Path:
     return trace_dir / f"{name.replace(' ', '_').replace('/', '-')}.jsonl"
 
 
-def engine_specs(names: tuple[str, ...], trace_dir: Path) -> dict[str, dict[str, Any]]:
-    target, draft = str(build_moe_target()), str(build_testbed_draft())
+DRAFTERS = ("draft_model", "dflash")
+
+
+def testbed_models(shape: MoEShape, drafter: str) -> tuple[str, dict[str, Any]]:
+    """(target path, speculative_config for N drafts without num_speculative_tokens)."""
+    if drafter == "dflash":
+        from dspark_dynamic.testing.parallel_drafter import DraftDesign, build_dflash_drafter, build_qwen3_moe_target
+        from dspark_dynamic.testing.testbed import ANSWER_HIT, DRAFT_SEED, REASONING_HIT
+
+        design = DraftDesign(reasoning_hit=REASONING_HIT, answer_hit=ANSWER_HIT, seed=DRAFT_SEED)
+        draft = build_dflash_drafter(TESTBED_SCRIPT, design)
+        return str(build_qwen3_moe_target(TESTBED_SCRIPT, shape)), {"method": "dflash", "model": str(draft)}
+    if drafter != "draft_model":
+        raise ValueError(f"unknown drafter {drafter!r}; one of {DRAFTERS}")
+    return str(build_moe_target(shape=shape)), {"method": "draft_model", "model": str(build_testbed_draft())}
+
+
+def engine_specs(names: tuple[str, ...], trace_dir: Path, shape: MoEShape = MoEShape(),
+                 drafter: str = "draft_model") -> dict[str, dict[str, Any]]:
+    target, drafting = testbed_models(shape, drafter)
     specs: dict[str, dict[str, Any]] = {}
     for name in names:
         spec: dict[str, Any] = {"model": target}
         if name.startswith("fixed k="):
             k = int(name.split("=")[1])
             if k:
-                spec["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+                spec["speculative_config"] = {**drafting, "num_speculative_tokens": k}
         else:
             options: dict[str, Any] = {"trace_path": str(trace_file(trace_dir, name))}
             if name.startswith("phase "):
@@ -71,9 +103,11 @@ def engine_specs(names: tuple[str, ...], trace_dir: Path) -> dict[str, dict[str,
                     options.update(bound_drafts=False)
             elif name == "adaptive":
                 options.update(policy="adaptive")
+            elif name == "adaptive (no confidence)":
+                options.update(policy="adaptive", adaptive={"confidence": False})
             else:
                 raise ValueError(f"unknown setting {name!r}")
-            spec["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": 2}
+            spec["speculative_config"] = {**drafting, "num_speculative_tokens": 2}
             spec["additional_config"] = {"dspark_dynamic": options}
         specs[name] = spec
     return specs
@@ -126,7 +160,8 @@ class WallclockResult:
 
 
 def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12, requests: int = 2,
-                  warmup: int = 1, log: Any = print, trace_dir: Path | None = None) -> WallclockResult:
+                  warmup: int = 1, log: Any = print, trace_dir: Path | None = None,
+                  shape: MoEShape = MoEShape(), drafter: str = "draft_model") -> WallclockResult:
     """Start every setting's engine, then run interleaved rounds; returns the measured result."""
     tmp = None
     if trace_dir is None:
@@ -139,7 +174,7 @@ def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12
     result = WallclockResult(list(settings))
     try:
         log(f"starting {len(settings)} engines side by side: {', '.join(settings)} ...")
-        with EnginePool(engine_specs(tuple(settings), trace_dir)) as pool:
+        with EnginePool(engine_specs(tuple(settings), trace_dir, shape, drafter)) as pool:
             wrong: dict[str, int] = {}
             for r in range(warmup + rounds):
                 measures = {name: {"tokens": {p: 0 for p in PHASES}, "seconds": {p: 0.0 for p in PHASES}, "steps": 0}
@@ -171,6 +206,8 @@ def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12
                     result.checks[f"{name}: counts (steps, verified, accepted) ours / vLLM"] = [ours, theirs]
                     result.checks[f"{name}: counts equal vLLM's"] = ours == theirs
                     result.checks[f"{name}: phases"] = phases
+                    if c.get("confidence"):
+                        result.checks[f"{name}: confidence"] = c["confidence"]
         for name in settings:
             if controlled(name):
                 path = trace_file(trace_dir, name)
@@ -206,5 +243,15 @@ def format_report(result: WallclockResult, cost: CostModel | None = None) -> str
     if cost is not None:
         for name, tps in modeled(result, cost).items():
             lines.append(f"  modelled on the seed box (T0={cost.t0_ms} ms): {name} {tps:.2f} tok/s")
-    lines.append("checks: " + json.dumps({k: v for k, v in result.checks.items() if not k.endswith("phases")}))
+    for key, value in result.checks.items():
+        if key.endswith(": confidence"):
+            for phase, rep in value.items():
+                auc, ece = rep.get("auc"), rep.get("ece")
+                lines.append(
+                    f"  {key} [{phase}]: predicted/observed acceptance "
+                    f"{rep['predicted'] / max(rep['labels'], 1):.3f}/{rep['observed'] / max(rep['labels'], 1):.3f}, "
+                    f"AUC {'n/a' if auc is None else f'{auc:.3f}'}, ECE {'n/a' if ece is None else f'{ece:.3f}'}, "
+                    f"labels {rep['labels']}")
+    lines.append("checks: " + json.dumps({k: v for k, v in result.checks.items()
+                                          if not k.endswith("phases") and not k.endswith("confidence")}))
     return "\n".join(lines)

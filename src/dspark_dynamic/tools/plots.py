@@ -2,7 +2,9 @@
 
 - ``tok/s per policy and phase``: median tok/s (bars) with interquartile ranges (whiskers);
 - ``timeline``: one request of a controlled engine from its ``trace_path`` rows: per decode step,
-  the phase (background), the chosen depth and the drafts accepted.
+  the phase (background), the chosen depth and the drafts accepted;
+- ``reliability``: for a policy gating on draft confidences, per phase, the observed acceptance
+  against the predicted one in probability bins (dot size: labels); on the diagonal = calibrated.
 """
 
 from __future__ import annotations
@@ -38,14 +40,46 @@ def request_timeline(trace_text: str, request_index: int = -1) -> list[dict[str,
     return list(by_req.values())[request_index]
 
 
+def confidence_reports(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """setting -> phase -> calibration report dict, from a wall-clock summary's checks."""
+    suffix = ": confidence"
+    return {k[: -len(suffix)]: v for k, v in summary.get("checks", {}).items() if k.endswith(suffix) and v}
+
+
+def plot_reliability(ax: Any, reports: dict[str, dict[str, Any]]) -> None:
+    from dspark_dynamic.core.confidence import CalibrationReport
+
+    ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--", label="calibrated")
+    for name, phases in reports.items():
+        for phase, data in phases.items():
+            points = CalibrationReport.from_dict(data).reliability()
+            if not points:
+                continue
+            xs, ys, ns = zip(*points)
+            total = sum(ns)
+            ax.plot(xs, ys, marker="o", lw=1, label=f"{name} [{phase}]")
+            ax.scatter(xs, ys, s=[400 * n / total for n in ns], alpha=0.3)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("predicted P(draft accepted)")
+    ax.set_ylabel("observed")
+    ax.set_title("Draft-confidence reliability (per phase; dot size: labels)")
+    ax.legend(loc="upper left", fontsize="small")
+
+
 def plot_wallclock(summary: dict[str, Any], traces: dict[str, str], path: str) -> None:
-    """Write a PNG: tok/s per policy and phase, and one timeline per controlled policy."""
+    """Write a PNG: tok/s per policy and phase, one timeline per controlled policy, and the
+    reliability diagram of the policies that gate on draft confidences."""
     plt = _pyplot()
     timelines = {name: request_timeline(text) for name, text in traces.items()}
     timelines = {k: v for k, v in timelines.items() if v}
-    fig, axes = plt.subplots(1 + len(timelines), 1, figsize=(10, 3.6 + 2.4 * len(timelines)),
-                             gridspec_kw={"height_ratios": [1.5] + [1] * len(timelines)})
-    axes = list(axes) if timelines else [axes]
+    reports = confidence_reports(summary)
+    rows = 1 + len(timelines) + (1 if reports else 0)
+    fig, axes = plt.subplots(rows, 1, figsize=(10, 3.6 + 2.4 * (rows - 1)),
+                             gridspec_kw={"height_ratios": [1.5] + [1] * (rows - 1)})
+    axes = list(axes) if rows > 1 else [axes]
+    if reports:
+        plot_reliability(axes.pop(), reports)
     ax = axes[0]
     names = list(summary["tok_per_s"])
     groups = ("all", "reasoning", "answer")
@@ -70,7 +104,8 @@ def plot_wallclock(summary: dict[str, Any], traces: dict[str, str], path: str) -
         ax.set_ylabel("drafts")
         ax.set_title(f"{name}: one request, per decode step (tan = reasoning, green = answer)")
         ax.legend(loc="upper left")
-    axes[-1].set_xlabel("decode step")
+    if timelines:
+        axes[-1].set_xlabel("decode step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

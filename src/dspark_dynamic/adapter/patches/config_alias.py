@@ -105,7 +105,7 @@ PATCHES = (
         why="method alias dspark_dynamic -> dspark; validate options before the engine starts",
         process="argument parsing (API server / LLM)",
         where=Where("engine/arg_utils.py:1669 (called :2024)", "engine/arg_utils.py:2060 (called :2594)",
-                    "engine/arg_utils.py:2100 (called :2635)"),
+                    "engine/arg_utils.py:2100 (called :2635)", v034="engine/arg_utils.py:2133 (called :2669)"),
         removable_when="vLLM accepts per-phase depth options in SpeculativeConfig",
     ),
 )

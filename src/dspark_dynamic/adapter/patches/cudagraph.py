@@ -5,7 +5,10 @@ length ``1 + N``.  A step in which the controller verifies k < N drafts has leng
 and, under ``FULL_DECODE_ONLY``, would run eagerly (on Lvllm that means a GPU sync per CPU MoE
 layer).  This adapter adds uniform FULL decode descriptors for each extra length ``L = 1 + k``
 (``L = 1`` when a depth is 0), for request counts 1..``max_num_seqs`` (every count up to 8,
-then vLLM's capture sizes rounded to L), after vLLM built its own.
+then vLLM's capture sizes rounded to L), after vLLM built its own.  vLLM 0.34 captures uniform
+decode graphs for every query length in the manager's ``decode_max_reqs`` itself (its dynamic
+SD uses that); there the patch adds the verify lengths to that map before vLLM builds its
+descriptors and dispatch tables, with vLLM's own request-count grid.
 
 Invariants:
 - only the target's ``ModelCudaGraphManager`` is patched (an override on that subclass); the
@@ -124,16 +127,38 @@ def add_descriptors(manager: Any, descs: list[Any]) -> None:
     manager._candidates = new
 
 
+def verify_lengths(manager: Any) -> list[int]:
+    """Decode query lengths the controller can produce besides vLLM's widest (1 + N)."""
+    depths = controller_depths(manager.vllm_config)
+    if not depths:
+        return []
+    spec_tokens = manager.vllm_config.speculative_config.num_speculative_tokens
+    sampled = max(1, manager.decode_query_len - spec_tokens)
+    return sorted({k + sampled for k in depths} - {manager.decode_query_len})
+
+
+def _add_query_lengths(manager: Any, original: Any, *args: Any, **kwargs: Any) -> None:
+    """vLLM >= 0.34: put the verify lengths into ``decode_max_reqs`` (a new dict), then let
+    vLLM build the graphs and per-length dispatch tables.  Nothing with varlen decode graphs."""
+    query_lens = manager.decode_max_reqs
+    lengths = [] if manager.varlen_decode else [n for n in verify_lengths(manager) if n not in query_lens]
+    if lengths:
+        manager.decode_max_reqs = dict(sorted({**query_lens, **dict.fromkeys(lengths, manager.max_num_reqs)}.items()))
+    original(manager, *args, **kwargs)
+    added = [d for descs in manager._capture_descs.values() for d in descs if d.uniform_token_count in lengths]
+    if added:
+        logger.info("dspark_dynamic: %d extra FULL decode CUDA graphs for verify lengths %s", len(added), lengths)
+
+
 def _init_candidates(original):
     @functools.wraps(original)
     def _init_candidates(self, *args: Any, **kwargs: Any) -> None:
+        if isinstance(getattr(self, "decode_max_reqs", None), dict):  # vLLM >= 0.34
+            return _add_query_lengths(self, original, *args, **kwargs)
         original(self, *args, **kwargs)
-        depths = controller_depths(self.vllm_config)
-        if not depths:
+        lengths = verify_lengths(self)
+        if not lengths:
             return
-        spec_tokens = self.vllm_config.speculative_config.num_speculative_tokens
-        sampled = max(1, self.decode_query_len - spec_tokens)
-        lengths = sorted({k + sampled for k in depths} - {self.decode_query_len})
         descs = extra_decode_descriptors(self, lengths)
         add_descriptors(self, descs)
         if descs:
@@ -160,6 +185,9 @@ PATCHES = (
             "v1/worker/gpu/cudagraph_utils.py:251; candidates: dict[(num_tokens, loras)]",
             "v1/worker/gpu/cudagraph_utils.py:256; with adaptive verification vLLM captures varlen "
             "graphs itself and the patch adds nothing",
+            v034="v1/worker/gpu/cudagraph_utils.py:289 (base), class :635; graphs per query length of "
+            "decode_max_reqs (:185), dispatch tables _decode_descs: the patch adds the verify lengths "
+            "there; nothing with adaptive verification",
         ),
         removable_when="vLLM captures graphs per verify length (its dynamic SD does so for batch-size schedules only)",
     ),

@@ -9,19 +9,24 @@ its placeholders) plans every scheduled request's next depth and lowers
 ``SchedulerOutput.num_spec_tokens_to_schedule`` to the deepest plan, so the drafter drafts no
 more than will be verified.  The async scheduler inherits these methods.
 
+Every wrapper is built by ``GUARD`` (``adapter/fail_open.py``): the plugin's part of each method
+runs guarded, and a fault in it detaches the controller from this scheduler (vLLM's own
+behaviour, full depth, from then on), logs once with the traceback and counts it
+(``dspark_dynamic:controller_errors_total``).
+
 Removable when vLLM has a per-request draft-depth hook in its scheduler.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections import OrderedDict
 from typing import Any
 
 from dspark_dynamic.adapter.build import build_controller
-from dspark_dynamic.adapter.metrics import SnapshotWriter
+from dspark_dynamic.adapter.fail_open import FailOpen
+from dspark_dynamic.adapter.metrics import SnapshotWriter, engine_label
 from dspark_dynamic.adapter.patching import Patch, Where
 from dspark_dynamic.core.controller import StepTiming
 
@@ -42,7 +47,7 @@ def latest_controller() -> "SchedulerHook | None":
 class SchedulerHook:
     """What one scheduler instance carries: controller, pending decisions, log timer."""
 
-    def __init__(self, built: Any, scheduler_cls: str) -> None:
+    def __init__(self, built: Any, scheduler_cls: str, engine: str = "0") -> None:
         self.scheduler_cls = scheduler_cls  # which vLLM scheduler class it sits in (reports)
         self.options = built.options
         self.markers_source = built.markers.source  # how the phase is followed (reports)
@@ -50,7 +55,7 @@ class SchedulerHook:
         self.pending: OrderedDict[int, tuple[dict, float]] = OrderedDict()  # output id -> decisions, start
         self.counted: dict[str, tuple[int, int]] | None = None  # this update's (verified, accepted) per request
         self.last_update_end = 0.0
-        self.metrics = SnapshotWriter()
+        self.metrics = SnapshotWriter(engine=engine)  # engine: vLLM's engine index, the label on /metrics
         self.last_log = time.monotonic()
 
     def maybe_log(self) -> None:
@@ -64,89 +69,120 @@ class SchedulerHook:
         for line in self.controller.stats.interval_lines(extra):
             logger.info(line)
 
+    def publish(self, force: bool = False) -> None:
+        """Hand the counters to ``/metrics`` (throttled unless ``force``)."""
+        controller = self.controller
+        self.metrics.write(self.snapshot, force=force, tracked=len(controller.states), errors=GUARD.errors)
+
+    def snapshot(self) -> dict:
+        """Per phase: the counters, and the draft-confidence calibration where the policy has one."""
+        phases = self.controller.stats.snapshot()
+        calibrators = getattr(self.controller.policy, "calibrators", None)
+        if calibrators and getattr(self.controller.policy, "confidence_seen", False):
+            for phase, calibrator in calibrators.items():
+                phases[phase.label].update(calibrator.report.metric_fields())
+        return phases
+
+    def detach(self) -> None:
+        """After a fault: drop per-request state, stop the trace, publish the final counts (each
+        step on its own: the fault may strike again in any of them)."""
+        controller = self.controller
+        for step in (lambda: controller.prune(()), controller.states.clear, controller.stats.stop_trace):
+            try:
+                step()
+            except Exception as exc:
+                logger.debug("dspark_dynamic: while detaching: %r", exc)
+        self.publish(force=True)
+
+
+def attach(scheduler: Any) -> None:
+    """Build the controller for ``scheduler`` and attach it (nothing when not configured)."""
+    global _latest
+    built = build_controller(scheduler.vllm_config)
+    if built is None:
+        return
+    logger.info(built.describe(getattr(scheduler.vllm_config.speculative_config, "method", None)))
+    hook = SchedulerHook(built, type(scheduler).__name__, engine_label(scheduler.vllm_config))
+    scheduler.__dict__[ATTR] = hook
+    _latest = hook
+
+
+def _release(scheduler: Any, hook: "SchedulerHook | None") -> None:
+    if hook is None:  # the fault struck while attaching: publish the count alone
+        SnapshotWriter(engine=engine_label(getattr(scheduler, "vllm_config", None))).write(
+            dict, force=True, errors=GUARD.errors)
+    else:
+        hook.detach()
+
+
+GUARD = FailOpen(ATTR, _release, fallback="vLLM's own speculative decoding continues at the full configured depth")
+
 
 def _init(original):
-    @functools.wraps(original)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        global _latest
-        built = build_controller(self.vllm_config)
-        if built is None:
-            self.__dict__[ATTR] = None
-            return
-        logger.info(built.describe(getattr(self.vllm_config.speculative_config, "method", None)))
-        hook = SchedulerHook(built, type(self).__name__)
-        self.__dict__[ATTR] = hook
-        _latest = hook
+    return GUARD.wrap_init(original, attach)
 
-    return __init__
+
+def _before_schedule(hook: SchedulerHook, scheduler: Any, *args: Any, **kwargs: Any):
+    started = time.monotonic()
+    return hook.controller.before_schedule(scheduler.running), started
+
+
+def _after_schedule(hook: SchedulerHook, scheduler: Any, ctx: tuple, output: Any, *args: Any, **kwargs: Any) -> None:
+    pending = hook.pending
+    pending[id(output)] = ctx
+    while len(pending) > _MAX_PENDING:
+        pending.popitem(last=False)
 
 
 def _schedule(original):
-    @functools.wraps(original)
-    def schedule(self, *args: Any, **kwargs: Any):
-        hook = self.__dict__.get(ATTR)
-        if hook is None:
-            return original(self, *args, **kwargs)
-        started = time.monotonic()
-        decisions = hook.controller.before_schedule(self.running)
-        output = original(self, *args, **kwargs)
-        pending = hook.pending
-        pending[id(output)] = (decisions, started)
-        while len(pending) > _MAX_PENDING:
-            pending.popitem(last=False)
-        return output
+    return GUARD.wrap(original, _before_schedule, _after_schedule)
 
-    return schedule
+
+def _before_update(hook: SchedulerHook, scheduler: Any, scheduler_output: Any, *args: Any, **kwargs: Any):
+    decisions, started = hook.pending.pop(id(scheduler_output), (None, 0.0))
+    requests = scheduler.requests
+    # Requests still live when the step's output arrives (an abort while the step was in flight
+    # removed the others; vLLM counts nothing for them either), with their output length.
+    before = {}
+    for req_id in decisions or ():
+        request = requests.get(req_id)
+        if request is not None and not request.is_finished():
+            before[req_id] = (request, len(request.output_token_ids))
+    hook.counted = {}
+    return decisions, started, before
+
+
+def _after_update(hook: SchedulerHook, scheduler: Any, ctx: tuple, result: Any, scheduler_output: Any,
+                  *args: Any, **kwargs: Any) -> None:
+    decisions, started, before = ctx
+    counted, hook.counted = hook.counted, None
+    controller = hook.controller
+    if decisions:
+        tokens = {req_id: len(request.output_token_ids) - n for req_id, (request, n) in before.items()}
+        step = step_timing(scheduler_output, time.monotonic() - max(started, hook.last_update_end))
+        controller.after_output(decisions, counted, tokens, step)
+    requests = scheduler.requests
+    if len(controller.states) > len(requests):
+        controller.prune(requests)
+    hook.publish(force=not scheduler.running)
+    hook.maybe_log()
+    hook.last_update_end = time.monotonic()
 
 
 def _update_from_output(original):
-    @functools.wraps(original)
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any, *args: Any, **kwargs: Any):
-        hook = self.__dict__.get(ATTR)
-        if hook is None:
-            return original(self, scheduler_output, model_runner_output, *args, **kwargs)
-        controller = hook.controller
-        decisions, started = hook.pending.pop(id(scheduler_output), (None, 0.0))
-        requests = self.requests
-        # Requests still live when the step's output arrives (an abort while the step was in flight
-        # removed the others; vLLM counts nothing for them either), with their output length.
-        before = {}
-        for req_id in decisions or ():
-            request = requests.get(req_id)
-            if request is not None and not request.is_finished():
-                before[req_id] = (request, len(request.output_token_ids))
-        hook.counted = {}
-        try:
-            result = original(self, scheduler_output, model_runner_output, *args, **kwargs)
-        finally:
-            counted, hook.counted = hook.counted, None
-        if decisions:
-            tokens = {req_id: len(request.output_token_ids) - n for req_id, (request, n) in before.items()}
-            step = step_timing(scheduler_output, time.monotonic() - max(started, hook.last_update_end))
-            controller.after_output(decisions, counted, tokens, step)
-        if len(controller.states) > len(requests):
-            controller.prune(requests)
-        hook.metrics.write(controller.stats.snapshot, force=not self.running, tracked=len(controller.states))
-        hook.maybe_log()
-        hook.last_update_end = time.monotonic()
-        return result
+    return GUARD.wrap(original, _before_update, _after_update)
 
-    return update_from_output
+
+def _count(hook: SchedulerHook, scheduler: Any, spec_decoding_stats: Any, num_draft_tokens: int,
+           num_accepted_tokens: int, num_invalid_spec_tokens: Any, request_id: str, *args: Any, **kwargs: Any) -> None:
+    counted = hook.counted
+    if counted is not None and num_draft_tokens:
+        invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
+        counted[request_id] = (num_draft_tokens - invalid, num_accepted_tokens)
 
 
 def _make_spec_decoding_stats(original):
-    @functools.wraps(original)
-    def make_spec_decoding_stats(self, spec_decoding_stats: Any, num_draft_tokens: int, num_accepted_tokens: int,
-                                 num_invalid_spec_tokens: Any, request_id: str, *args: Any, **kwargs: Any):
-        hook = self.__dict__.get(ATTR)
-        if hook is not None and hook.counted is not None and num_draft_tokens:
-            invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
-            hook.counted[request_id] = (num_draft_tokens - invalid, num_accepted_tokens)
-        return original(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
-                        request_id, *args, **kwargs)
-
-    return make_spec_decoding_stats
+    return GUARD.wrap(original, _count)
 
 
 def step_timing(scheduler_output: Any, seconds: float) -> StepTiming:
@@ -158,38 +194,35 @@ def step_timing(scheduler_output: Any, seconds: float) -> StepTiming:
     return StepTiming(seconds, decode_only, len(scheduled), getattr(scheduler_output, "num_spec_tokens_to_schedule", -1))
 
 
-def _update_after_schedule(original):
-    @functools.wraps(original)
-    def _update_after_schedule(self, scheduler_output: Any, *args: Any, **kwargs: Any):
-        hook = self.__dict__.get(ATTR)
-        if hook is not None and hook.options.bound_drafts and self.num_spec_tokens:
-            requests = self.requests
-            drafting = (  # every scheduled request but a prefill chunk (those do not draft)
-                request
-                for req_id, n in scheduler_output.num_scheduled_tokens.items()
-                if (request := requests[req_id]).num_computed_tokens + n >= request.num_tokens
-            )
-            bound = hook.controller.plan_drafts(drafting)
-            if bound is not None and bound < scheduler_output.num_spec_tokens_to_schedule:
-                scheduler_output.num_spec_tokens_to_schedule = bound
-        return original(self, scheduler_output, *args, **kwargs)
+def _bound_drafts(hook: SchedulerHook, scheduler: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> None:
+    if not (hook.options.bound_drafts and scheduler.num_spec_tokens):
+        return
+    requests = scheduler.requests
+    drafting = (  # every scheduled request but a prefill chunk (those do not draft)
+        request
+        for req_id, n in scheduler_output.num_scheduled_tokens.items()
+        if (request := requests[req_id]).num_computed_tokens + n >= request.num_tokens
+    )
+    bound = hook.controller.plan_drafts(drafting)
+    if bound is not None and bound < scheduler_output.num_spec_tokens_to_schedule:
+        scheduler_output.num_spec_tokens_to_schedule = bound  # fewer drafts: valid even if a fault follows
 
-    return _update_after_schedule
+
+def _update_after_schedule(original):
+    return GUARD.wrap(original, _bound_drafts)
+
+
+def _forget(hook: SchedulerHook, scheduler: Any, request: Any, *args: Any, **kwargs: Any) -> None:
+    hook.controller.forget(request.request_id)
+
+
+def _after_free(hook: SchedulerHook, scheduler: Any, ctx: None, result: Any, *args: Any, **kwargs: Any) -> None:
+    if not scheduler.requests:  # idle now (e.g. the last client went away): publish the final state
+        hook.publish(force=True)
 
 
 def _free_request(original):
-    @functools.wraps(original)
-    def _free_request(self, request: Any, *args: Any, **kwargs: Any):
-        hook = self.__dict__.get(ATTR)
-        if hook is None:
-            return original(self, request, *args, **kwargs)
-        hook.controller.forget(request.request_id)
-        result = original(self, request, *args, **kwargs)
-        if not self.requests:  # idle now (e.g. the last client went away): publish the final state
-            hook.metrics.write(hook.controller.stats.snapshot, force=True, tracked=len(hook.controller.states))
-        return result
-
-    return _free_request
+    return GUARD.wrap(original, _forget, _after_free)
 
 
 S = "v1/core/sched/scheduler.py"
@@ -203,7 +236,7 @@ PATCHES = (
         params=("vllm_config",),
         why="attach the depth controller when dspark_dynamic is configured",
         process="engine core",
-        where=Where(f"{S}:68", f"{S}:85", f"{S}:87"),
+        where=Where(f"{S}:68", f"{S}:85", f"{S}:87", v034=f"{S}:87"),
         removable_when="vLLM has a per-request draft-depth hook in its scheduler",
     ),
     Patch(
@@ -213,7 +246,8 @@ PATCHES = (
         _schedule,
         why="trim request.spec_token_ids to the chosen depth before scheduling",
         process="engine core",
-        where=Where(f"{S}:469 (spec slice :673-688)", f"{S}:591 (spec slice :861-876)", f"{S}:699 (spec slice :1010-1025)"),
+        where=Where(f"{S}:469 (spec slice :673-688)", f"{S}:591 (spec slice :861-876)", f"{S}:699 (spec slice :1010-1025)",
+                    v034=f"{S}:716 (spec slice :1026-1041); gained throttle_prefills=False"),
         removable_when="same as scheduler-init",
     ),
     Patch(
@@ -224,7 +258,8 @@ PATCHES = (
         params=("scheduler_output", "model_runner_output"),
         why="per-phase verified/accepted counts, periodic log line",
         process="engine core",
-        where=Where(f"{S}:1565 (accounting :1643-1668)", f"{S}:2026 (accounting :2110-2135)", f"{S}:2259 (accounting :2346-2380)"),
+        where=Where(f"{S}:1565 (accounting :1643-1668)", f"{S}:2026 (accounting :2110-2135)", f"{S}:2259 (accounting :2346-2380)",
+                    v034=f"{S}:2301 (accounting :2392-2426)"),
         removable_when="vLLM reports spec-decode stats per request phase",
     ),
     Patch(
@@ -235,7 +270,7 @@ PATCHES = (
         params=("num_draft_tokens", "num_accepted_tokens", "num_invalid_spec_tokens", "request_id"),
         why="count each request-step's verified/accepted drafts exactly where vLLM's own spec-decode stats do",
         process="engine core",
-        where=Where(f"{S}:2328 (called :1664)", f"{S}:2961", f"{S}:3305 (called :2365)"),
+        where=Where(f"{S}:2328 (called :1664)", f"{S}:2961", f"{S}:3305 (called :2365)", v034=f"{S}:3439 (called :2411)"),
         removable_when="vLLM reports spec-decode stats per request phase",
     ),
     Patch(
@@ -246,7 +281,8 @@ PATCHES = (
         params=("scheduler_output",),
         why="plan next-step depths; draft no deeper than the deepest plan (num_spec_tokens_to_schedule)",
         process="engine core",
-        where=Where(f"{S}:1233 (K :1161-1183); MRv2 ignores the field, DSpark drafts N in one pass", f"{S}:1616 (K :1486); MRv1 drafters take it as num_speculative_tokens", f"{S}:1845 (K :1710); MRv2 EAGLE/MTP speculators draft that many"),
+        where=Where(f"{S}:1233 (K :1161-1183); MRv2 ignores the field, DSpark drafts N in one pass", f"{S}:1616 (K :1486); MRv1 drafters take it as num_speculative_tokens", f"{S}:1845 (K :1710); MRv2 EAGLE/MTP speculators draft that many",
+                    v034=f"{S}:1899 (K :1765; AsyncScheduler's override, async_scheduler.py:18, sizes its placeholders from it); MRv2 EAGLE/MTP speculators (target_dependent_ar) draft that many"),
         removable_when="vLLM sizes drafting from per-request depths (its dynamic SD only maps batch size to K)",
     ),
     Patch(
@@ -257,7 +293,7 @@ PATCHES = (
         params=("request",),
         why="drop a finished request's phase state",
         process="engine core",
-        where=Where(f"{S}:2142", f"{S}:2714", f"{S}:3031"),
+        where=Where(f"{S}:2142", f"{S}:2714", f"{S}:3031", v034=f"{S}:3170"),
         removable_when="same as scheduler-init",
     ),
 )

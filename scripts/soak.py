@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Soak benchmark: thousands of short requests with every kind of ending against `vllm serve`
+with the depth controller on (the tiny models, CPU).
+
+Starts ``vllm serve`` (the ``dspark_dynamic`` alias over ``draft_model``, phase draft), warms
+up, then sends ``--requests`` completions from ``--concurrency`` clients: cut by max_tokens
+(reasoning and answer), read to EOS, cut by stop strings (reasoning and answer) and a stop token,
+crossing ``</think>``, streams the client closes early (aborts), ``n`` = 2 or 3.  Prints, at the
+start and the end, each engine core's RSS and the controller's tracked state
+(``dspark_dynamic:tracked_requests``), plus requests per second and whether the per-phase
+series still sum to vLLM's counters per engine.  Exit 1 when an output is wrong, the tracked
+state does not return to zero, or the counts disagree.
+
+    python scripts/soak.py [--requests 3000 --concurrency 16] [--json out.json]
+    python scripts/soak.py --serve-args="--data-parallel-size 2"    # a layout (two engine cores)
+    python scripts/soak.py --no-controller                          # baseline: plain vLLM draft_model
+    python scripts/soak.py --base-url http://127.0.0.1:8000 --engine-pid 1234   # a running server
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=100, help="requests sent first, before the start figures")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--serve-args", default="", help="extra `vllm serve` arguments (one string)")
+    ap.add_argument("--base-url", help="use this running server instead of starting one (tiny models, "
+                                       "served as 'tiny')")
+    ap.add_argument("--engine-pid", type=int, action="append", default=[],
+                    help="with --base-url: an engine-core pid whose RSS to report (repeatable)")
+    ap.add_argument("--no-controller", action="store_true",
+                    help="a baseline: plain vLLM draft_model, the plugin not configured (RSS comparison)")
+    ap.add_argument("--json", help="write the report here")
+    args = ap.parse_args(argv)
+
+    from dspark_dynamic.adapter.plugin import require_vllm
+    from dspark_dynamic.testing import soak
+    from dspark_dynamic.testing.serve import TinyServer, rss_bytes
+
+    require_vllm()
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    if args.base_url:
+        pids = {f"engine-core-{pid}": pid for pid in args.engine_pid}
+        report = soak.run_soak(args.base_url.rstrip("/"), args.requests, args.concurrency, args.seed, args.warmup,
+                               rss=lambda: {k: rss_bytes(p) for k, p in pids.items()}, log=log)
+    else:
+        from dspark_dynamic.testing import tiny_models
+        from dspark_dynamic.testing.scenarios import SCRIPT
+
+        target, draft = str(tiny_models.build_target(SCRIPT)), str(tiny_models.build_phase_draft(SCRIPT))
+        log_path = Path(tempfile.mkdtemp(prefix="dspark-soak-")) / "serve.log"
+        extra = shlex.split(args.serve_args)
+        log(f"starting vllm serve {' '.join(extra)} (log: {log_path})")
+        with TinyServer(target, draft, log_path, extra_args=extra, max_num_seqs=args.max_num_seqs,
+                        controller=not args.no_controller) as server:
+            pids = server.engine_core_pids()
+            log(f"up after {server.start_s:.0f} s; engine cores: {pids}")
+            report = soak.run_soak(server.url, args.requests, args.concurrency, args.seed, args.warmup,
+                                   scrape=server.scrape, rss=lambda: {k: rss_bytes(p) for k, p in pids.items()},
+                                   log=log)
+            report["serve_args"] = extra
+            report["controller"] = not args.no_controller
+    print(soak.format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    ok = report["wrong"] == 0 and (args.no_controller or report["tracked_end"] == 0 and report["counts_agree"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

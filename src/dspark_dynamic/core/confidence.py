@@ -1,0 +1,272 @@
+"""Draft confidences: online calibration and the batch admission rule (pure logic).
+
+A drafter with a distribution gives one *feature* per drafted position: the log-odds of the
+draft distribution's maximum probability at the request's temperature, ``f = log(q*/(1-q*))``,
+clamped to ``[-FEATURE_CLAMP, FEATURE_CLAMP]``.  It scores the distribution, never the drawn
+token, so trimming by it keeps verification lossless.
+
+Calibration, per phase: ``P(draft j accepted | drafts 1..j-1 accepted, f) = sigmoid(w*f + b_j)``,
+one slope ``w >= 0`` shared by the positions and one intercept ``b_j`` per position.  Labels: a
+request-step that verified ``k`` drafts and accepted ``m`` observes positions ``1..min(k, m+1)``:
+successes at ``1..m`` and a failure at ``m+1`` (when ``m < k``); later positions are unobserved.
+The fit is an assumed-density (Gaussian posterior) update per label, using the probit
+approximation of the logistic likelihood, with forgetting: before each label the covariance is mixed toward the prior's,
+``P <- (1 - q) P + q P0`` with ``q = 1/memory^2``, which keeps a well-observed coefficient's
+variance near ``1/(memory * information per label)``: about ``memory`` labels of memory, a
+drifting drafter followed within a few tens of labels, the covariance positive definite, and a
+direction never observed at the prior.
+
+Reports (cumulative, on predictions made *before* each label was learned): mean predicted vs
+observed acceptance, ROC-AUC and expected calibration error, from ``BINS`` probability bins.
+
+Admission (``admit``): each request's survival ``s_j = prod_{i<=j} p_i`` is the expected number
+of tokens its j-th draft adds.  Drafts are admitted in descending survival while a draft's
+marginal gain beats the step's current tokens-per-cost (``s > verify_cost * T / C``), the batch
+form of choosing the depth with the best expected tokens per unit of cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+FEATURE_CLAMP = 40.0
+BINS = 20
+
+
+def feature_of(max_prob: float) -> float:
+    """Log-odds of a maximum probability, clamped (the same feature the adapter computes)."""
+    if max_prob >= 1.0:
+        return FEATURE_CLAMP
+    if max_prob <= 0.0:
+        return -FEATURE_CLAMP
+    return max(-FEATURE_CLAMP, min(FEATURE_CLAMP, math.log(max_prob / (1.0 - max_prob))))
+
+
+def _sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+@dataclass
+class CalibrationReport:
+    """Cumulative out-of-sample quality of the calibrated probabilities."""
+
+    labels: int = 0
+    predicted: float = 0.0  # sum of predicted probabilities
+    observed: int = 0  # accepted labels
+    pos: list[int] = field(default_factory=lambda: [0] * BINS)  # accepted labels per bin
+    neg: list[int] = field(default_factory=lambda: [0] * BINS)
+    psum: list[float] = field(default_factory=lambda: [0.0] * BINS)  # predicted sum per bin
+
+    def add(self, p: float, accepted: bool) -> None:
+        b = min(BINS - 1, int(p * BINS))
+        self.labels += 1
+        self.predicted += p
+        self.psum[b] += p
+        if accepted:
+            self.observed += 1
+            self.pos[b] += 1
+        else:
+            self.neg[b] += 1
+
+    @property
+    def predicted_rate(self) -> float:
+        return self.predicted / self.labels if self.labels else 0.0
+
+    @property
+    def observed_rate(self) -> float:
+        return self.observed / self.labels if self.labels else 0.0
+
+    def auc(self) -> float | None:
+        """ROC-AUC over the binned predictions (ties within a bin count one half)."""
+        n_pos, n_neg = sum(self.pos), sum(self.neg)
+        if not n_pos or not n_neg:
+            return None
+        below = 0  # negatives in lower bins
+        total = 0.0
+        for b in range(BINS):
+            total += self.pos[b] * (below + 0.5 * self.neg[b])
+            below += self.neg[b]
+        return total / (n_pos * n_neg)
+
+    def ece(self) -> float | None:
+        """Expected calibration error: sum over bins of |mean predicted - observed| * share."""
+        if not self.labels:
+            return None
+        err = 0.0
+        for b in range(BINS):
+            n = self.pos[b] + self.neg[b]
+            if n:
+                err += abs(self.psum[b] - self.pos[b])
+        return err / self.labels
+
+    def reliability(self) -> list[tuple[float, float, int]]:
+        """(mean predicted, observed rate, labels) per non-empty bin: the reliability diagram."""
+        out = []
+        for b in range(BINS):
+            n = self.pos[b] + self.neg[b]
+            if n:
+                out.append((self.psum[b] / n, self.pos[b] / n, n))
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "labels": self.labels, "predicted": self.predicted, "observed": self.observed,
+            "pos": list(self.pos), "neg": list(self.neg), "psum": list(self.psum),
+        }
+
+    def metric_fields(self) -> dict[str, float]:
+        """The numbers ``/metrics`` shows per phase (AUC and ECE only once they exist)."""
+        out = {"conf_labels": float(self.labels), "conf_predicted": self.predicted, "conf_accepted": float(self.observed)}
+        auc, ece = self.auc(), self.ece()
+        if auc is not None:
+            out["conf_auc"] = auc
+        if ece is not None:
+            out["conf_ece"] = ece
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CalibrationReport":
+        """The inverse of ``to_dict`` (extra keys are ignored)."""
+        return cls(int(data["labels"]), float(data["predicted"]), int(data["observed"]),
+                   [int(x) for x in data["pos"]], [int(x) for x in data["neg"]], [float(x) for x in data["psum"]])
+
+    def describe(self) -> str:
+        auc, ece = self.auc(), self.ece()
+        return (
+            f"confidence: predicted/observed acceptance {self.predicted_rate:.3f}/{self.observed_rate:.3f}, "
+            f"AUC {'n/a' if auc is None else f'{auc:.3f}'}, ECE {'n/a' if ece is None else f'{ece:.3f}'}, "
+            f"labels {self.labels}"
+        )
+
+
+class ConfidenceCalibrator:
+    """``sigmoid(w*f + b_j)`` for one phase, fitted online (see the module docstring).
+
+    Invariants: ``w >= 0``; the covariance stays symmetric positive definite, at most the prior's.
+    """
+
+    def __init__(
+        self,
+        positions: int,
+        memory: float = 100.0,
+        slope: float = 0.5,
+        intercept: float = 0.0,
+        slope_var: float = 1.0,
+        intercept_var: float = 4.0,
+    ) -> None:
+        self.positions = positions
+        self.dim = positions + 1  # theta = (w, b_1..b_N)
+        self.theta = [slope] + [intercept] * positions
+        self.prior_var = [slope_var] + [intercept_var] * positions
+        self.cov = [[self.prior_var[i] if i == j else 0.0 for j in range(self.dim)] for i in range(self.dim)]
+        self.keep = 1.0 - 1.0 / (memory * memory)
+        self.report = CalibrationReport()
+
+    def prob(self, feature: float, position: int, offset: float = 0.0) -> float:
+        """P(draft at ``position`` (0-based) accepted | the drafts before it were); ``offset``: a
+        known shift in log-odds (e.g. the request's own recent record), not fitted."""
+        return _sigmoid(self.theta[0] * feature + self.theta[1 + min(position, self.positions - 1)] + offset)
+
+    def survival(self, features: Sequence[float], offsets: Sequence[float] | None = None) -> list[float]:
+        """Expected-token contribution of each draft: the running product of its probabilities."""
+        out, s = [], 1.0
+        for j, f in enumerate(features[: self.positions]):
+            s *= self.prob(f, j, offsets[j] if offsets else 0.0)
+            out.append(s)
+        return out
+
+    def observe(self, features: Sequence[float], verified: int, accepted: int,
+                offsets: Sequence[float] | None = None) -> None:
+        """Learn from one request-step that verified ``verified`` drafts with these features
+        (and the offsets its probabilities were computed with)."""
+        for j in range(min(verified, accepted + 1, len(features), self.positions)):
+            self._update(features[j], j, j < accepted, offsets[j] if offsets else 0.0)
+
+    def _update(self, f: float, j: int, accepted: bool, offset: float = 0.0) -> None:
+        p = self.prob(f, j, offset)
+        self.report.add(p, accepted)
+        cov, dim, b = self.cov, self.dim, 1 + j
+        # forgetting: mix the covariance toward the prior's (stays positive definite and bounded)
+        keep, fresh = self.keep, 1.0 - self.keep
+        for i in range(dim):
+            row = cov[i]
+            for k in range(dim):
+                row[k] *= keep
+            row[i] += fresh * self.prior_var[i]
+        # x has two non-zeros: x[0] = f, x[b] = 1; assumed-density update of the Gaussian
+        # posterior, with the logistic likelihood's probit approximation (the predictive
+        # probability shrinks toward 1/2 by the uncertainty of x.theta, so steps stay bounded)
+        px = [cov[i][0] * f + cov[i][b] for i in range(dim)]
+        var = max(f * px[0] + px[b], 0.0)
+        kappa = 1.0 / math.sqrt(1.0 + math.pi * var / 8.0)
+        p_pred = _sigmoid(kappa * (self.theta[0] * f + self.theta[b] + offset))
+        grad = kappa * ((1.0 if accepted else 0.0) - p_pred)
+        curv = kappa * kappa * p_pred * (1.0 - p_pred)
+        denom = 1.0 + curv * var
+        for i in range(dim):
+            self.theta[i] += px[i] * grad / denom
+        g = curv / denom
+        for i in range(dim):
+            pi = g * px[i]
+            for k in range(i + 1):
+                cov[i][k] = cov[k][i] = cov[i][k] - pi * px[k]
+        if self.theta[0] < 0.0:
+            self.theta[0] = 0.0
+
+    def describe(self) -> str:
+        b = ", ".join(f"{v:.2f}" for v in self.theta[1:])
+        return f"slope {self.theta[0]:.2f}, intercepts [{b}]; {self.report.describe()}"
+
+
+def admit(
+    survivals: Sequence[Sequence[float]],
+    verify_cost: float,
+    uniform: str | None = None,
+) -> list[int]:
+    """Depths for one step: how many of each request's drafts to verify.
+
+    ``survivals[r][j]``: expected tokens request r's (j+1)-th draft adds.  Cost unit: one
+    request's step at depth 0; ``verify_cost``: one verified draft, in that unit.  Per request
+    (``uniform`` None): admit in descending survival while ``s > verify_cost * T / C``.
+    ``uniform`` "max" / "min": one depth for every request (uniform CUDA graphs), the one with
+    the best ``T / C``; "max" breaks ties toward the deeper depth.
+    """
+    n = len(survivals)
+    if not n:
+        return []
+    if uniform is not None:
+        deepest = max(len(s) for s in survivals)
+        best_k, best = 0, -1.0
+        for k in range(deepest + 1):
+            tokens = n + sum(sum(s[:k]) for s in survivals)
+            ratio = tokens / (n + verify_cost * sum(min(k, len(s)) for s in survivals))
+            if ratio > best or (uniform == "max" and ratio >= best):
+                best_k, best = k, ratio
+        return [min(best_k, len(s)) for s in survivals]
+    if n == 1:  # one request: its survivals fall along its drafts, no sort needed
+        tokens = cost = 1.0
+        k = 0
+        for s in survivals[0]:
+            if s * cost <= verify_cost * tokens:
+                break
+            k += 1
+            tokens += s
+            cost += verify_cost
+        return [k]
+    candidates = sorted(
+        ((s, r) for r, row in enumerate(survivals) for s in row), key=lambda c: c[0], reverse=True
+    )
+    depths = [0] * n
+    tokens, cost = float(n), float(n)
+    for s, r in candidates:
+        if s * cost <= verify_cost * tokens:
+            break
+        depths[r] += 1  # survivals fall along a request's drafts: its prefix comes first
+        tokens += s
+        cost += verify_cost
+    return depths

@@ -1,0 +1,97 @@
+"""The parallel drafter (vLLM's ``dflash`` method, a hand-set tiny DFlash checkpoint) in a real CPU
+engine: output is the script (lossless), and every draft is the designed table's, so vLLM's
+counters equal what the tables predict; with the controller, reasoning drafts only what it
+verifies (the DFlash block shrinks to one mask).  Step times are a benchmark's job
+(``python -m dspark_dynamic.testing.parallel_drafter --bench``)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dspark_dynamic.testing.parallel_drafter import (
+    DraftDesign,
+    build_dflash_drafter,
+    expected_counts,
+    offline_report,
+    speculative_config,
+)
+from dspark_dynamic.testing.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
+
+DESIGN = DraftDesign()
+FULL, ANSWER = SCRIPT.expected_output(thinking=True), SCRIPT.expected_output(thinking=False)
+SLACK = 2  # tokens: the last step's accounting is vLLM's business
+
+
+@pytest.fixture(scope="module")
+def drafter() -> str:
+    return str(build_dflash_drafter(SCRIPT, DESIGN))
+
+
+def batch_counts(report, batch):
+    now = report["batches"][batch]["vllm"]
+    before = report["batches"][batch - 1]["vllm"] if batch else None
+
+    def delta(key):
+        return now[key] - (before[key] if before else 0)
+
+    per_pos = now["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    if before:
+        per_pos = [a - b for a, b in zip(per_pos, before["vllm:spec_decode_num_accepted_tokens_per_pos"])]
+    return {"drafts": delta("vllm:spec_decode_num_drafts"), "draft_tokens": delta("vllm:spec_decode_num_draft_tokens"),
+            "accepted": delta("vllm:spec_decode_num_accepted_tokens"), "per_pos": per_pos}
+
+
+def close(got, want):
+    assert abs(got["drafts"] - want["drafts"]) <= SLACK, (got, want)
+    assert abs(got["draft_tokens"] - want["draft_tokens"]) <= SLACK, (got, want)
+    assert abs(got["accepted"] - want["accepted"]) <= SLACK, (got, want)
+    assert all(abs(g - w) <= SLACK for g, w in zip(got["per_pos"], want["per_pos"])), (got, want)
+
+
+def test_offline_drafter_accuracy_and_confidence(drafter, target):
+    report = offline_report(SCRIPT, Path(drafter), Path(target))
+    first = {ph: report[f"pos1/{ph}"] for ph in ("reasoning", "answer", "all")}
+    assert 0.45 < first["reasoning"]["accuracy"] < 0.6  # the phase draft's table (seed 27: 50.8 %)
+    assert 0.85 < first["answer"]["accuracy"] < 0.95
+    for pos in (1, 2):  # max prob separates right from wrong drafts, with overlap
+        assert 0.78 < report[f"pos{pos}/all"]["auc_maxprob"] < 0.95
+        assert report[f"pos{pos}/all"]["mean_maxp_right"] > report[f"pos{pos}/all"]["mean_maxp_wrong"]
+
+
+def test_dflash_is_lossless_and_drafts_its_tables(engine, target, drafter):
+    spec = {
+        "model": target,
+        "speculative_config": speculative_config(drafter, 2),
+        "batches": [[{"prompt_ids": THINKING_PROMPT, "max_tokens": 300}],
+                    [{"prompt_ids": ANSWER_PROMPT, "max_tokens": 300}]],
+    }
+    report = engine("dflash_k2", spec)
+    assert "method='dflash'" in report["log"]
+    assert report["batches"][0]["outputs"] == [FULL]
+    assert report["batches"][1]["outputs"] == [ANSWER]
+    close(batch_counts(report, 0), expected_counts(SCRIPT, DESIGN, depth=2))
+    close(batch_counts(report, 1), expected_counts(SCRIPT, DESIGN, depth=2, thinking=False))
+
+
+def test_dflash_under_the_phase_controller(engine, target, drafter, tmp_path_factory):
+    trace = tmp_path_factory.getbasetemp() / "dflash_phase.trace.jsonl"
+    spec = {
+        "model": target,
+        "speculative_config": speculative_config(drafter, 2),
+        "additional_config": {"dspark_dynamic": {"reasoning_depth": 1, "answer_depth": 2, "trace_path": str(trace)}},
+        "batches": [[{"prompt_ids": THINKING_PROMPT, "max_tokens": 300}]],
+    }
+    report = engine("dflash_phase", spec)
+    batch = report["batches"][0]
+    assert batch["outputs"] == [FULL]
+    phases, v = batch["phases"], batch["vllm"]
+    assert sum(p["verified"] for p in phases.values()) == v["vllm:spec_decode_num_draft_tokens"]
+    assert sum(p["accepted"] for p in phases.values()) == v["vllm:spec_decode_num_accepted_tokens"]
+    want = expected_counts(SCRIPT, DESIGN, depth={"reasoning": 1, "answer": 2})["phases"]
+    for phase in ("reasoning", "answer"):
+        assert abs(phases[phase]["verified"] - want[phase]["verified"]) <= SLACK, (phases, want)
+        assert abs(phases[phase]["accepted"] - want[phase]["accepted"]) <= SLACK, (phases, want)
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    # the drafter drafts only what will be verified: one mask while reasoning, two in the answer
+    assert {r["draft_depth"] for r in rows if "step_s" in r and r["decode_only"]} == {1, 2}

@@ -1,0 +1,141 @@
+"""Draft confidences: the online calibration and the admission rule (pure logic)."""
+
+import itertools
+import math
+import random
+
+import pytest
+
+from dspark_dynamic.core.confidence import ConfidenceCalibrator, admit, feature_of
+
+
+def logistic_data(n, slope, intercepts, rng, spread=2.0):
+    """(features, verified, accepted) request-steps from sigmoid(slope*f + b_j) per position."""
+    for _ in range(n):
+        f = [rng.gauss(0.5, spread) for _ in intercepts]
+        m = 0
+        while m < len(f) and rng.random() < 1 / (1 + math.exp(-(slope * f[m] + intercepts[m]))):
+            m += 1
+        yield f, len(f), m
+
+
+def test_fit_recovers_slope_and_per_position_intercepts():
+    cal = ConfidenceCalibrator(2)
+    for f, k, m in logistic_data(20000, 1.2, [-0.5, 1.0], random.Random(0)):
+        cal.observe(f, k, m)
+    w, b1, b2 = cal.theta
+    assert w == pytest.approx(1.2, abs=0.25)
+    assert b1 == pytest.approx(-0.5, abs=0.35) and b2 == pytest.approx(1.0, abs=0.45)
+    report = cal.report
+    assert report.predicted_rate == pytest.approx(report.observed_rate, abs=0.02)
+    assert report.ece() < 0.05
+    assert 0.75 < report.auc() < 0.95
+
+
+def test_labels_stop_after_the_first_rejected_draft():
+    cal = ConfidenceCalibrator(3)
+    cal.observe([1.0, 1.0, 1.0], verified=3, accepted=1)  # accepted, rejected, unobserved
+    assert (cal.report.labels, cal.report.observed) == (2, 1)
+    cal.observe([1.0, 1.0, 1.0], verified=2, accepted=2)  # both accepted; the third never verified
+    assert (cal.report.labels, cal.report.observed) == (4, 3)
+    cal.observe([1.0], verified=0, accepted=0)
+    assert cal.report.labels == 4
+
+
+def test_an_uninformative_feature_gets_no_slope():
+    cal = ConfidenceCalibrator(1)
+    rng = random.Random(1)
+    for _ in range(5000):
+        cal.observe([rng.gauss(0, 3)], 1, int(rng.random() < 0.6))
+    assert cal.theta[0] < 0.1
+    assert cal.prob(5.0, 0) == pytest.approx(0.6, abs=0.07)
+    assert cal.report.auc() == pytest.approx(0.5, abs=0.05)
+
+
+def test_follows_an_abrupt_drift_within_tens_of_labels():
+    """Every draft accepted, then none, with the same (confident) feature: the estimate must fall
+    below one half within 30 labels."""
+    cal = ConfidenceCalibrator(1)
+    for _ in range(3000):
+        cal.observe([3.0], 1, 1)
+    assert cal.prob(3.0, 0) > 0.95
+    for i in range(30):
+        cal.observe([3.0], 1, 0)
+    assert cal.prob(3.0, 0) < 0.5
+
+
+def test_covariance_stays_positive_definite_on_collinear_gated_data():
+    """Gated data: only confident drafts are ever verified, the feature barely moves.  The fit must
+    stay finite with a symmetric positive-definite covariance (a naive update blew up here)."""
+    cal = ConfidenceCalibrator(2)
+    rng = random.Random(2)
+    for _ in range(30000):
+        f = [rng.gauss(6.0, 0.05), rng.gauss(6.0, 0.05)]
+        cal.observe(f, 2, 2 if rng.random() < 0.9 else rng.randrange(2))
+    assert all(math.isfinite(t) and abs(t) < 50 for t in cal.theta)
+    cov = cal.cov
+    for i, j in itertools.product(range(3), repeat=2):
+        assert cov[i][j] == pytest.approx(cov[j][i])
+    assert all(cov[i][i] > 0 for i in range(3))
+    # 2x2 leading minor > 0 (slope and first intercept jointly)
+    assert cov[0][0] * cov[1][1] - cov[0][1] ** 2 > 0
+
+
+def test_survival_is_the_running_product_with_offsets():
+    cal = ConfidenceCalibrator(2)
+    cal.theta = [1.0, 0.0, 0.0]
+    s = cal.survival([0.0, math.log(3.0)])
+    assert s == pytest.approx([0.5, 0.5 * 0.75])
+    s = cal.survival([0.0, 0.0], offsets=[math.log(3.0), 0.0])
+    assert s == pytest.approx([0.75, 0.375])
+
+
+def test_feature_is_the_log_odds_of_the_max_probability():
+    assert feature_of(0.5) == pytest.approx(0.0)
+    assert feature_of(0.9) == pytest.approx(math.log(9.0))
+    assert feature_of(1.0) == 40.0 and feature_of(0.0) == -40.0
+
+
+def brute_force(survivals, v):
+    best, best_ratio = None, -1.0
+    for ks in itertools.product(*(range(len(s) + 1) for s in survivals)):
+        tokens = len(survivals) + sum(sum(s[:k]) for s, k in zip(survivals, ks))
+        ratio = tokens / (len(survivals) + v * sum(ks))
+        if ratio > best_ratio + 1e-12:
+            best, best_ratio = list(ks), ratio
+    return best, best_ratio
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_admission_maximises_tokens_per_cost(seed):
+    rng = random.Random(seed)
+    survivals = []
+    for _ in range(rng.randint(1, 4)):
+        s, row = 1.0, []
+        for _ in range(rng.randint(0, 3)):
+            s *= rng.random()
+            row.append(s)
+        survivals.append(row)
+    v = rng.uniform(0.05, 1.5)
+    got = admit(survivals, v)
+    _, best_ratio = brute_force(survivals, v)
+    tokens = len(survivals) + sum(sum(s[:k]) for s, k in zip(survivals, got))
+    assert tokens / (len(survivals) + v * sum(got)) == pytest.approx(best_ratio)
+    assert all(0 <= k <= len(s) for k, s in zip(got, survivals))
+
+
+def test_admission_single_request_threshold():
+    # one request: admit draft j while its survival beats v * (tokens so far / cost so far)
+    assert admit([[0.9, 0.81]], 0.5) == [2]
+    assert admit([[0.4, 0.16]], 0.5) == [0]
+    assert admit([[0.6, 0.2]], 0.5) == [1]
+    assert admit([], 0.5) == []
+
+
+def test_uniform_admission_gives_every_request_one_depth():
+    survivals = [[0.95, 0.9], [0.3, 0.1], [0.9, 0.2]]
+    ks = admit(survivals, 0.5, uniform="max")
+    assert len(set(ks)) == 1
+    best_k = max(range(3), key=lambda k: (3 + sum(sum(s[:k]) for s in survivals)) / (3 + 0.5 * 3 * k))
+    assert ks == [best_k] * 3
+    assert admit([[0.9], []], 0.5, uniform="max") == [1, 0]  # capped by the drafts a request has
