@@ -342,3 +342,32 @@ def test_learned_cost_needs_a_small_standard_error():
         k = i % 2
         noisy.update(0.010 * (1 + 0.5 * k) + rng.gauss(0, 0.02), k, 1, k)
     assert noisy.learned() is None
+
+
+def test_a_request_record_shifts_its_gate_only_when_outcomes_persist():
+    """Independent draft outcomes: a request's own record is noise and leaves its probabilities
+    alone.  Outcomes in easy/hard stretches: a request that keeps failing is gated harder."""
+    def run(persistent: bool) -> AdaptivePolicy:
+        policy = make_policy(prior_weight=1.0)
+        rng = random.Random(3)
+        for step in range(400):
+            for req in ("easy", "hard"):
+                if persistent:  # each request keeps its own fate
+                    accepted = 2 if req == "easy" else 0
+                else:  # both requests draw from one coin: no request is special
+                    accepted = 2 if rng.random() < 0.5 else 0
+                policy.depth(R, req)
+                policy.gate([(R, req, [1.0, 1.0], 2)])
+                policy.observe(R, 2, accepted, req)
+                policy.observe_confidence(R, [1.0, 1.0], 2, accepted, req)
+        return policy
+
+    independent = run(False)
+    assert independent.persistence[R].rho() == 0.0
+    independent.gate([(R, "hard", [1.0, 1.0], 2)])
+    assert independent.offsets["hard"] is None
+    persistent = run(True)
+    assert persistent.persistence[R].rho() > 0.5
+    persistent.gate([(R, "easy", [1.0, 1.0], 2), (R, "hard", [1.0, 1.0], 2)])
+    easy, hard = persistent.offsets["easy"], persistent.offsets["hard"]
+    assert all(e > 0.5 for e in easy) and hard[0] < -0.5  # its second draft was never reached

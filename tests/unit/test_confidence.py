@@ -139,3 +139,42 @@ def test_uniform_admission_gives_every_request_one_depth():
     best_k = max(range(3), key=lambda k: (3 + sum(sum(s[:k]) for s in survivals)) / (3 + 0.5 * 3 * k))
     assert ks == [best_k] * 3
     assert admit([[0.9], []], 0.5, uniform="max") == [1, 0]  # capped by the drafts a request has
+
+
+@pytest.mark.parametrize("uniform", ["max", "min"])
+def test_uniform_admission_of_one_request_is_the_best_depth(uniform):
+    """One request: the fast path must pick the k with the best T/C, ties toward the deeper k
+    under "max" (below, k = 0 and k = 1 tie exactly: 1 / 1 == 1.5 / 1.5)."""
+    rng = random.Random(4)
+    for _ in range(300):
+        s, row = 1.0, []
+        for _ in range(rng.randint(0, 4)):
+            s *= rng.random()
+            row.append(s)
+        v = rng.uniform(0.05, 1.5)
+        (k,) = admit([row], v, uniform=uniform)
+        ratio = lambda k: (1 + sum(row[:k])) / (1 + v * k)  # noqa: E731
+        assert ratio(k) == pytest.approx(max(ratio(i) for i in range(len(row) + 1)))
+    assert admit([[0.5, 0.25]], 0.5, uniform="max") == [1]
+    assert admit([[0.5, 0.25]], 0.5, uniform="min") == [0]
+
+
+def test_two_position_update_is_the_general_update_written_out():
+    """``_update2`` (the 3x3 case, unrolled for speed) must learn exactly what ``_update`` does."""
+    fast, general = ConfidenceCalibrator(2), ConfidenceCalibrator(2)
+    rng = random.Random(11)
+    for _ in range(3000):
+        f = [rng.gauss(1.0, 2.0), rng.gauss(1.0, 2.0)]
+        offsets = [rng.gauss(0.0, 0.3), rng.gauss(0.0, 0.3)]
+        k = rng.randint(0, 2)
+        m = rng.randint(0, k)
+        fast.observe(f, k, m, offsets)  # two positions: the unrolled path
+        for j in range(min(k, m + 1)):
+            general._update(f[j], j, j < m, offsets[j])
+    assert fast.theta == pytest.approx(general.theta, rel=1e-9, abs=1e-12)
+    for row_fast, row_general in zip(fast.cov, general.cov):
+        assert row_fast == pytest.approx(row_general, rel=1e-9, abs=1e-15)
+    a, b = fast.report, general.report
+    assert (a.labels, a.observed, a.pos, a.neg) == (b.labels, b.observed, b.pos, b.neg)
+    assert a.psum == pytest.approx(b.psum)
+    assert fast.cov[0][1] == fast.cov[1][0] and fast.cov[1][2] == fast.cov[2][1]

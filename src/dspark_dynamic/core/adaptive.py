@@ -106,8 +106,10 @@ class AcceptanceEstimate:
     def age(self) -> None:
         """Age every position by one step (a request's own evidence fades while unused)."""
         keep = 1.0 - 1.0 / self.window
-        self.seen = [x * keep for x in self.seen]
-        self.succ = [x * keep for x in self.succ]
+        seen, succ = self.seen, self.succ
+        for j in range(self.positions):
+            seen[j] *= keep
+            succ[j] *= keep
 
     def rates(self, prior: list[float], prior_weight: float) -> list[float]:
         """Per-position rates; position j shrinks toward ``prior[j]`` or its predecessor's rate."""
@@ -119,8 +121,21 @@ class AcceptanceEstimate:
 
 
 def _logit(p: float) -> float:
-    p = min(max(p, 1e-4), 1.0 - 1e-4)
+    p = 1e-4 if p < 1e-4 else (1.0 - 1e-4 if p > 1.0 - 1e-4 else p)
     return math.log(p / (1.0 - p))
+
+
+def _offsets(context: tuple[list[float], list[float], float], own: AcceptanceEstimate) -> list[float]:
+    """A request's recent deviation from its phase, per position, in log-odds (about 0 when its
+    outcomes show no persistence: then its own record is noise); ``context``: the phase's rates,
+    their log-odds and the weight of the phase's rates in the request's."""
+    base, base_logits, blend = context
+    out = []
+    for succ, seen, b, lb in zip(own.succ, own.seen, base, base_logits):
+        a = (succ + blend * b) / (seen + blend)
+        a = 1e-4 if a < 1e-4 else (1.0 - 1e-4 if a > 1.0 - 1e-4 else a)
+        out.append(math.log(a / (1.0 - a)) - lb)
+    return out
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -282,13 +297,15 @@ class AdaptivePolicy:
         seed: int = 0,
     ) -> None:
         self.n = num_speculative_tokens
-        self.defaults = dict(default_depths)
         self.min_depth = min(min_depth, self.n)
+        # the phase defaults, within [min_depth, N]
+        self.defaults = {p: min(max(k, self.min_depth), self.n) for p, k in default_depths.items()}
         self.learn_cost = learn_cost
         self.explore = explore
         self.hysteresis = hysteresis
         self.prior_weight = prior_weight
         self.phase_estimates = {p: AcceptanceEstimate(self.n, window) for p in Phase}
+        self._phase_rates: dict[Phase, list[float]] = {}  # phase_rates, until the next observation
         self.persistence = {p: Persistence(window) for p in Phase}
         self.requests: dict[str, _RequestState] = {}
         self.cost = StepCostModel(verify_cost_ratio, draft_cost_ratio, draft_token_cost_ratio, learn_cost)
@@ -320,7 +337,11 @@ class AdaptivePolicy:
     # -- estimates ----------------------------------------------------------------------
 
     def phase_rates(self, phase: Phase) -> list[float]:
-        return self.phase_estimates[phase].rates([], self.prior_weight)
+        """The phase's per-position rates (cached until the phase's next observation)."""
+        rates = self._phase_rates.get(phase)
+        if rates is None:
+            rates = self._phase_rates[phase] = self.phase_estimates[phase].rates([], self.prior_weight)
+        return rates
 
     def request_rates(self, phase: Phase, request_id: str | None) -> list[float]:
         base = self.phase_rates(phase)
@@ -335,16 +356,12 @@ class AdaptivePolicy:
         """Given costs, or learned ones that tell depths apart."""
         return not self.learn_cost or self.cost.learned() is not None
 
-    def _default(self, phase: Phase) -> int:
-        return min(max(self.defaults[phase], self.min_depth), self.n)
-
     def depth(self, phase: Phase, request_id: str | None = None) -> int:
-        default = self._default(phase)
         if self.calibrators is not None and self.confidence_seen:
-            state = self._state(request_id)
-            if state is not None:
-                state.estimate.age()
-            return self._draft_depth(phase, default)
+            if request_id is not None:
+                (self.requests.get(request_id) or self._state(request_id)).estimate.age()
+            return self._draft_depth(phase)
+        default = self.defaults[phase]
         if self.phase_estimates[phase].observations < self.prior_weight:
             chosen = default
         else:
@@ -369,9 +386,13 @@ class AdaptivePolicy:
         return chosen
 
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
+        if verified <= 0:
+            self._state(request_id)
+            return
         self.phase_estimates[phase].update(verified, accepted)
+        self._phase_rates.pop(phase, None)
         state = self._state(request_id)
-        if state is not None and verified > 0:
+        if state is not None:
             state.estimate.update(verified, accepted, decay=False)
             first = 1.0 if accepted > 0 else 0.0
             prev = state.last_first.get(phase)
@@ -386,7 +407,7 @@ class AdaptivePolicy:
 
     GAIN_RATE = 0.02  # memory of the per-position gated gain (about 50 request-steps)
 
-    def _draft_depth(self, phase: Phase, default: int) -> int:
+    def _draft_depth(self, phase: Phase) -> int:
         """Positions to draft for a request's next step: the leading positions whose gated gain
         beats their drafting cost (unseen ones: the gain the phase's acceptance rates imply)."""
         verify, draft = self.cost.split()
@@ -394,17 +415,22 @@ class AdaptivePolicy:
             depth = self.n  # a parallel drafter drafts every position in one pass
         else:
             gains = self.gains[phase]
-            rates = self.phase_rates(phase)
+            rates = None
             survive, depth = 1.0, 0
-            for j in range(self.n):
-                survive *= rates[j]
-                gain = gains[j] if gains[j] is not None else max(0.0, survive - verify)
+            for j, gain in enumerate(gains):
+                if gain is None:  # never gated: what the phase's rates imply
+                    rates = rates or self.phase_rates(phase)
+                    survive = 1.0
+                    for a in rates[: j + 1]:
+                        survive *= a
+                    gain = max(0.0, survive - verify)
                 if gain <= draft:
                     break
                 depth = j + 1
-        if not self._costs_known():
-            depth = min(depth, default)
-        depth = max(depth, self.min_depth)
+        if depth > self.defaults[phase] and not self._costs_known():
+            depth = self.defaults[phase]
+        if depth < self.min_depth:
+            depth = self.min_depth
         if self.explore and depth < self.n and self._rng.random() < self.explore:
             depth += 1
         return depth
@@ -419,42 +445,45 @@ class AdaptivePolicy:
         verify, draft = self.cost.split()
         known = self._costs_known()
         survivals = []
-        contexts: dict[Phase, tuple[list[float], list[float], float]] = {}
+        contexts: dict[Phase, tuple] = {}  # per phase: () when its outcomes show no persistence
+        requests, last_offsets, calibrators = self.requests, self.offsets, self.calibrators
         for phase, req, features, available in items:
             offsets = None
-            state = self.requests.get(req)
+            state = requests.get(req)
             if state is not None and state.estimate.observations:
                 context = contexts.get(phase)
                 if context is None:
-                    base = self.phase_rates(phase)
-                    context = contexts[phase] = (base, [_logit(b) for b in base], self.persistence[phase].blend())
-                offsets = self._offsets(context, state)
-            self.offsets[req] = offsets
-            s = self.calibrators[phase].survival(features[:available], offsets)
+                    rho = self.persistence[phase].rho()
+                    if rho > 0.0:
+                        base = self.phase_rates(phase)
+                        context = (base, [_logit(b) for b in base], self.persistence[phase].blend())
+                    contexts[phase] = context or ()
+                if context:  # outcomes persist: the request's own record shifts its probabilities
+                    offsets = _offsets(context, state.estimate)
+            last_offsets[req] = offsets
+            s = calibrators[phase].survival(features[:available] if available < len(features) else features, offsets)
             if draft > 0.0:  # what drafting each position gains (a parallel drafter drafts all anyway)
                 gains = self.gains[phase]
                 for j, sj in enumerate(s):
-                    g = max(0.0, sj - verify)
+                    g = sj - verify if sj > verify else 0.0
                     gains[j] = g if gains[j] is None else gains[j] + self.GAIN_RATE * (g - gains[j])
             if not known:
-                s = s[: self._default(phase)]
+                s = s[: self.defaults[phase]]
             survivals.append(s)
         depths = admit(survivals, verify, uniform)
-        out = []
-        for (_phase, _req, _f, available), k, s in zip(items, depths, survivals):
-            k = max(k, min(self.min_depth, available))
-            if uniform is None and self.explore and k < len(s) and self._rng.random() < self.explore:
+        min_depth = self.min_depth
+        explore = self.explore if uniform is None else 0.0
+        if not min_depth and not explore:
+            return depths
+        rng = self._rng
+        for i, ((_phase, _req, _f, available), s) in enumerate(zip(items, survivals)):
+            k = depths[i]
+            if k < min_depth:
+                k = min(min_depth, available)
+            if explore and k < len(s) and rng.random() < explore:
                 k += 1  # keep labels coming from below the threshold: the fit stays honest
-            out.append(k)
-        return out
-
-    def _offsets(self, context: tuple[list[float], list[float], float], state: "_RequestState") -> list[float]:
-        """The request's recent deviation from its phase, per position, in log-odds (about 0
-        when its outcomes show no persistence: then its own record is noise); ``context``: the
-        phase's rates, their log-odds and the blend weight."""
-        base, base_logits, blend = context
-        own = state.estimate.rates(base, blend)
-        return [_logit(a) - b for a, b in zip(own, base_logits)]
+            depths[i] = k
+        return depths
 
     def observe_confidence(self, phase: Phase, features: list[float], verified: int, accepted: int,
                            request_id: str | None = None) -> None:

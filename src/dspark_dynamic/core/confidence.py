@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 FEATURE_CLAMP = 40.0
 BINS = 20
+_PI_8 = math.pi / 8.0
 
 
 def feature_of(max_prob: float) -> float:
@@ -165,6 +166,7 @@ class ConfidenceCalibrator:
         self.prior_var = [slope_var] + [intercept_var] * positions
         self.cov = [[self.prior_var[i] if i == j else 0.0 for j in range(self.dim)] for i in range(self.dim)]
         self.keep = 1.0 - 1.0 / (memory * memory)
+        self._fresh_var = [(1.0 - self.keep) * v for v in self.prior_var]
         self.report = CalibrationReport()
 
     def prob(self, feature: float, position: int, offset: float = 0.0) -> float:
@@ -174,9 +176,15 @@ class ConfidenceCalibrator:
 
     def survival(self, features: Sequence[float], offsets: Sequence[float] | None = None) -> list[float]:
         """Expected-token contribution of each draft: the running product of its probabilities."""
-        out, s = [], 1.0
+        theta = self.theta
+        w = theta[0]
+        out: list[float] = []
+        s = 1.0
         for j, f in enumerate(features[: self.positions]):
-            s *= self.prob(f, j, offsets[j] if offsets else 0.0)
+            z = w * f + theta[1 + j]
+            if offsets:
+                z += offsets[j]
+            s *= 1.0 / (1.0 + math.exp(-z)) if z >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(z))
             out.append(s)
         return out
 
@@ -184,39 +192,77 @@ class ConfidenceCalibrator:
                 offsets: Sequence[float] | None = None) -> None:
         """Learn from one request-step that verified ``verified`` drafts with these features
         (and the offsets its probabilities were computed with)."""
+        update = self._update2 if self.positions == 2 else self._update
         for j in range(min(verified, accepted + 1, len(features), self.positions)):
-            self._update(features[j], j, j < accepted, offsets[j] if offsets else 0.0)
+            update(features[j], j, j < accepted, offsets[j] if offsets else 0.0)
 
     def _update(self, f: float, j: int, accepted: bool, offset: float = 0.0) -> None:
-        p = self.prob(f, j, offset)
-        self.report.add(p, accepted)
-        cov, dim, b = self.cov, self.dim, 1 + j
-        # forgetting: mix the covariance toward the prior's (stays positive definite and bounded)
-        keep, fresh = self.keep, 1.0 - self.keep
-        for i in range(dim):
-            row = cov[i]
-            for k in range(dim):
-                row[k] *= keep
-            row[i] += fresh * self.prior_var[i]
-        # x has two non-zeros: x[0] = f, x[b] = 1; assumed-density update of the Gaussian
-        # posterior, with the logistic likelihood's probit approximation (the predictive
-        # probability shrinks toward 1/2 by the uncertainty of x.theta, so steps stay bounded)
-        px = [cov[i][0] * f + cov[i][b] for i in range(dim)]
-        var = max(f * px[0] + px[b], 0.0)
-        kappa = 1.0 / math.sqrt(1.0 + math.pi * var / 8.0)
-        p_pred = _sigmoid(kappa * (self.theta[0] * f + self.theta[b] + offset))
-        grad = kappa * ((1.0 if accepted else 0.0) - p_pred)
+        theta, cov, b = self.theta, self.cov, 1 + j
+        z = theta[0] * f + theta[b] + offset
+        self.report.add(_sigmoid(z), accepted)
+        # forgetting: mix the covariance toward the prior's (stays positive definite and bounded);
+        # then px = P x, where x has two non-zeros: x[0] = f, x[b] = 1
+        keep = self.keep
+        px = []
+        for i, row in enumerate(cov):
+            row[:] = [v * keep for v in row]
+            row[i] += self._fresh_var[i]
+            px.append(row[0] * f + row[b])
+        # assumed-density update of the Gaussian posterior, with the logistic likelihood's probit
+        # approximation (the predictive probability shrinks toward 1/2 by the uncertainty of
+        # x.theta, so steps stay bounded)
+        var = f * px[0] + px[b]
+        if var < 0.0:
+            var = 0.0
+        kappa = 1.0 / math.sqrt(1.0 + _PI_8 * var)
+        p_pred = _sigmoid(kappa * z)
         curv = kappa * kappa * p_pred * (1.0 - p_pred)
         denom = 1.0 + curv * var
-        for i in range(dim):
-            self.theta[i] += px[i] * grad / denom
+        step = kappa * ((1.0 if accepted else 0.0) - p_pred) / denom
         g = curv / denom
-        for i in range(dim):
-            pi = g * px[i]
-            for k in range(i + 1):
-                cov[i][k] = cov[k][i] = cov[i][k] - pi * px[k]
-        if self.theta[0] < 0.0:
-            self.theta[0] = 0.0
+        for i, pi in enumerate(px):
+            theta[i] += pi * step
+            # (pi * pk) * g is the same float for (i, k) and (k, i): the covariance stays symmetric
+            cov[i] = [c - (pi * pk) * g for c, pk in zip(cov[i], px)]
+        if theta[0] < 0.0:
+            theta[0] = 0.0
+
+    def _update2(self, f: float, j: int, accepted: bool, offset: float = 0.0) -> None:
+        """``_update`` written out for two positions (a 3x3 covariance), the common depth."""
+        theta, cov = self.theta, self.cov
+        z = theta[0] * f + theta[1 + j] + offset
+        self.report.add(_sigmoid(z), accepted)
+        keep = self.keep
+        v0, v1, v2 = self._fresh_var
+        r0, r1, r2 = cov
+        c00, c01, c02 = r0[0] * keep + v0, r0[1] * keep, r0[2] * keep
+        c11, c12, c22 = r1[1] * keep + v1, r1[2] * keep, r2[2] * keep + v2
+        if j == 0:
+            p0, p1, p2 = c00 * f + c01, c01 * f + c11, c02 * f + c12
+            var = f * p0 + p1
+        else:
+            p0, p1, p2 = c00 * f + c02, c01 * f + c12, c02 * f + c22
+            var = f * p0 + p2
+        if var < 0.0:
+            var = 0.0
+        kappa = 1.0 / math.sqrt(1.0 + _PI_8 * var)
+        p_pred = _sigmoid(kappa * z)
+        curv = kappa * kappa * p_pred * (1.0 - p_pred)
+        denom = 1.0 + curv * var
+        step = kappa * ((1.0 if accepted else 0.0) - p_pred) / denom
+        g = curv / denom
+        theta[0] += p0 * step
+        theta[1] += p1 * step
+        theta[2] += p2 * step
+        c00 -= (p0 * p0) * g
+        c01 -= (p0 * p1) * g
+        c02 -= (p0 * p2) * g
+        c11 -= (p1 * p1) * g
+        c12 -= (p1 * p2) * g
+        c22 -= (p2 * p2) * g
+        cov[0], cov[1], cov[2] = [c00, c01, c02], [c01, c11, c12], [c02, c12, c22]
+        if theta[0] < 0.0:
+            theta[0] = 0.0
 
     def describe(self) -> str:
         b = ", ".join(f"{v:.2f}" for v in self.theta[1:])
@@ -239,7 +285,7 @@ def admit(
     n = len(survivals)
     if not n:
         return []
-    if uniform is not None:
+    if uniform is not None and n > 1:
         deepest = max(len(s) for s in survivals)
         best_k, best = 0, -1.0
         for k in range(deepest + 1):
@@ -248,11 +294,13 @@ def admit(
             if ratio > best or (uniform == "max" and ratio >= best):
                 best_k, best = k, ratio
         return [min(best_k, len(s)) for s in survivals]
-    if n == 1:  # one request: its survivals fall along its drafts, no sort needed
+    if n == 1:  # one request: its survivals fall along its drafts, no sort needed (and T/C is
+        # unimodal in k, so the first draft that does not raise it ends the search)
         tokens = cost = 1.0
         k = 0
+        deeper_on_ties = uniform == "max"
         for s in survivals[0]:
-            if s * cost <= verify_cost * tokens:
+            if s * cost < verify_cost * tokens or (s * cost == verify_cost * tokens and not deeper_on_ties):
                 break
             k += 1
             tokens += s
