@@ -1,3 +1,4 @@
+import math
 import random
 
 import pytest
@@ -330,6 +331,28 @@ def test_learning_costs_never_go_deeper_than_the_phase_default():
     assert given.depth(R, "a") == 2  # given costs are trusted from the start
 
 
+def test_learning_costs_never_go_shallower_than_the_phase_default_either():
+    """The narrow testbed's first request: a prior cost that overprices a draft must not pull a
+    phase to depth 0 (or stop a sequential drafter drafting) before measured costs say so."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0,
+                            verify_cost_ratio=0.5, draft_token_cost_ratio=0.2)
+    for _ in range(200):  # 40 % accepted: at the prior cost per draft depth 0 looks best
+        policy.observe(R, 1, 1 if _ % 5 < 2 else 0, "a")
+    assert policy.cost.learned() is None
+    assert best_depth(policy.phase_rates(R), 0, 2, policy.cost.per_token)[0] == 0
+    assert {policy.depth(R, "a") for _ in range(20)} == {1}
+    policy.calibrators[R].theta = [1.0, -3.0, -3.0]  # doubtful drafts: the gate verifies none
+    assert policy.gate([(R, "a", [0.0, 0.0], 2)]) == [0]
+    for _ in range(50):
+        policy.gate([(R, "a", [0.0, 0.0], 2)])
+    assert policy.depth(R, "a") == 1  # ... but the default's draft is still drafted
+    given = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=False, explore=0.0, prior_weight=5.0,
+                           verify_cost_ratio=0.5, draft_token_cost_ratio=0.2)
+    for _ in range(200):
+        given.observe(R, 1, 1 if _ % 5 < 2 else 0, "a")
+    assert given.depth(R, "a") == 0  # given costs are acted on from the start
+
+
 def test_learned_cost_needs_a_small_standard_error():
     rng = random.Random(5)
     model = StepCostModel(0.5, 0.04)
@@ -371,3 +394,4 @@ def test_a_request_record_shifts_its_gate_only_when_outcomes_persist():
     persistent.gate([(R, "easy", [1.0, 1.0], 2), (R, "hard", [1.0, 1.0], 2)])
     easy, hard = persistent.offsets["easy"], persistent.offsets["hard"]
     assert all(e > 0.5 for e in easy) and hard[0] < -0.5  # its second draft was never reached
+

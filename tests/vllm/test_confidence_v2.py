@@ -12,6 +12,7 @@ is not covered here.
 from __future__ import annotations
 
 import json
+import logging
 import struct
 from types import SimpleNamespace
 
@@ -340,3 +341,44 @@ def test_checkpoint_check(tmp_path):
     assert v2.checkpoint_has_confidence_head(str(single)) is True
     assert v2.checkpoint_has_confidence_head(str(tmp_path / "missing")) is None
     assert v2.checkpoint_has_confidence_head(None) is None
+
+
+def test_a_transport_fault_is_logged_once_and_switches_capture_off(handler_patched, caplog, monkeypatch):
+    spec, _ = make_speculator()
+    state = spec.__dict__[v2.ATTR]
+    propose = v2._propose(lambda self, *args, **kwargs: spec.draft_tokens[:N])
+    handler = make_handler()
+    b = batch(["a"])
+    drafts = propose(spec, b)
+    handler.set_draft_tokens(b, drafts[:1])
+    (req_ids, host, in_flight, _state) = handler.__dict__[v2.PENDING]
+
+    class Broken:
+        def tolist(self):
+            raise RuntimeError("copy lost")
+
+    handler.__dict__[v2.PENDING] = (req_ids, Broken(), in_flight, _state)
+    with caplog.at_level(logging.ERROR, logger="vllm.dspark_dynamic"):
+        out = handler.get_draft_tokens()
+    assert out.req_ids == ["a"] and not hasattr(out, FIELD)  # vLLM's drafts arrive as they are
+    assert state.off
+    faults = [r for r in caplog.records if "not attached" in r.getMessage()]
+    assert len(faults) == 1 and faults[0].exc_info is not None
+    propose(spec, b)  # capture is off from now on: nothing more is copied or logged
+    handler.set_draft_tokens(b, drafts[:1])
+    assert handler.__dict__.get(v2.PENDING) is None and not hasattr(handler.get_draft_tokens(), FIELD)
+
+
+def test_a_recording_fault_is_logged_once_per_draft_step(caplog):
+    trace = v2._Trace(2)
+    calls = []
+
+    def boom():
+        calls.append(1)
+        raise ValueError("bad logits")
+
+    with caplog.at_level(logging.ERROR, logger="vllm.dspark_dynamic"):
+        v2._safely(trace, "position 0", boom)
+        v2._safely(trace, "position 1", boom)
+    assert calls == [1] and trace.bad.startswith("position 0: ValueError")
+    assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1

@@ -23,7 +23,9 @@ Model, per phase (reasoning / answer):
 - Exploration: with probability ``explore`` a step uses one more draft than chosen (one fewer
   at the maximum, when costs are learned), so the estimates of deeper positions stay fresh.
 - Learn without losing: while learned costs cannot yet tell depths apart (too few steps, or a
-  fit whose standard error is large against its value), no phase goes deeper than its default.
+  fit whose standard error is large against its value), every phase keeps its default depth
+  (exploration aside, which gives the fit its second depth); with confidences it drafts the
+  default's positions and the gate only chooses which of them to verify.
 - Draft confidences (``confidence``; see confidence.py): once the drafter reports them, each
   step's depths come from the calibrated survival of each request's own drafts (``gate``), and
   ``depth`` only says how many positions to *draft*: position j is drafted while its recent
@@ -362,7 +364,9 @@ class AdaptivePolicy:
                 (self.requests.get(request_id) or self._state(request_id)).estimate.age()
             return self._draft_depth(phase)
         default = self.defaults[phase]
-        if self.phase_estimates[phase].observations < self.prior_weight:
+        if self.phase_estimates[phase].observations < self.prior_weight or not self._costs_known():
+            # too little evidence, or costs that cannot yet tell depths apart (learn without
+            # losing: a prior cost is a guess, and acting on it may cost more than the default)
             chosen = default
         else:
             best, scores = best_depth(
@@ -374,8 +378,6 @@ class AdaptivePolicy:
             current = state.depth.get(phase, default) if state else default
             chosen = best if scores[best] > scores[current] * (1.0 + self.hysteresis) else current
             chosen = min(chosen, current + 1)  # climb one depth at a time: a probe costs least
-            if not self._costs_known():
-                chosen = min(chosen, default)  # learn without losing: never deeper than the default
             if state is not None:
                 state.depth[phase] = chosen
         if self.explore and self._rng.random() < self.explore:
@@ -427,8 +429,8 @@ class AdaptivePolicy:
                 if gain <= draft:
                     break
                 depth = j + 1
-        if depth > self.defaults[phase] and not self._costs_known():
-            depth = self.defaults[phase]
+        if not self._costs_known():
+            depth = self.defaults[phase]  # learn without losing: draft what the phase default does
         if depth < self.min_depth:
             depth = self.min_depth
         if self.explore and depth < self.n and self._rng.random() < self.explore:

@@ -50,6 +50,8 @@ CLAIMS = (
     ("phase 1/2", "fixed k=1"),
     ("adaptive", "phase 1/2"),
     ("adaptive", "best of fixed k=1|phase 1/2"),
+    ("adaptive", "phase 0/2"),  # the best fixed depth per phase on the testbeds (0 reasoning, 2 answer)
+    ("phase 0/2", "phase 1/2"),
     ("adaptive", "fixed k=2"),
     ("adaptive", "fixed k=0"),
     ("adaptive", "adaptive (no confidence)"),

@@ -32,6 +32,11 @@ attaches the rows to the ``DraftTokenIds`` as ``confidence.FIELD``, one list per
 ``req_ids`` order (None for a request of vLLM 0.34's handler that has no row from the last
 step), which the scheduler patch ``confidence-update-draft-token-ids`` hands to the controller.
 
+Faults (worker side, so they cannot detach the scheduler's controller): any exception in the
+plugin's part of these patches is logged once with its traceback and switches capture off for
+that speculator; vLLM's step always goes on, and the controller carries on without confidences
+(its acceptance estimates), as for a drafter that has none.
+
 Nothing happens unless ``additional_config["dspark_dynamic"]`` asks for the adaptive policy
 with confidences (``confidence.confidence_wanted``) and scheduling is synchronous.
 """
@@ -198,7 +203,10 @@ def _record_position(speculator: Any, state: DraftConfidences, trace: _Trace, lo
 
 
 def _safely(trace: _Trace, what: str, fn, *args: Any) -> None:
-    """A recording failure marks the trace bad (capture switches off); vLLM's step goes on."""
+    """A recording failure marks the trace bad (capture switches off, logged once with its
+    traceback); vLLM's step goes on.  Nothing more is recorded into a bad trace."""
+    if trace.bad is not None:
+        return
     try:
         fn(*args)
     except Exception as exc:
@@ -380,7 +388,7 @@ def _start_copy(handler: Any, state: DraftConfidences, input_batch: Any, width: 
             handler.copy_event.record()
     else:  # CPU tensors (structure tests): nothing in flight
         host = rows.clone()
-    handler.__dict__[PENDING] = (list(input_batch.req_ids), host, rows.is_cuda)
+    handler.__dict__[PENDING] = (list(input_batch.req_ids), host, rows.is_cuda, state)
 
 
 def _set_draft_tokens(original):
@@ -407,14 +415,15 @@ def _get_draft_tokens(original):
         pending = self.__dict__.pop(PENDING, None)
         if out is None or pending is None:
             return out
-        req_ids, host, in_flight = pending
+        req_ids, host, in_flight, state = pending
         try:
             if in_flight:
                 self.copy_event.synchronize()  # the handler's event: a no-op if vLLM just waited on it
             by_req = dict(zip(req_ids, host.tolist()))
             setattr(out, FIELD, [by_req.get(req_id) for req_id in out.req_ids])
         except Exception:
-            logger.exception("dspark_dynamic: DSpark draft confidences not attached")
+            logger.exception("dspark_dynamic: DSpark draft confidences not attached; capture is off")
+            state.off = True
         return out
 
     return get_draft_tokens
