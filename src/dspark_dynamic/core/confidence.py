@@ -52,6 +52,20 @@ def _sigmoid(z: float) -> float:
     return e / (1.0 + e)
 
 
+def _assumed_density_step(z: float, var: float, accepted: bool) -> tuple[float, float]:
+    """One label's assumed-density update of the Gaussian posterior: with ``px = P x``, the
+    mean moves by ``px * step`` and the covariance by ``-g * px px^T``.  ``z = x.theta`` (plus
+    offset), ``var = x^T P x``.  The logistic likelihood's probit approximation shrinks the
+    predictive probability toward 1/2 by the uncertainty of ``x.theta``, so steps stay bounded."""
+    if var < 0.0:
+        var = 0.0
+    kappa = 1.0 / math.sqrt(1.0 + _PI_8 * var)
+    p_pred = _sigmoid(kappa * z)
+    curv = kappa * kappa * p_pred * (1.0 - p_pred)
+    denom = 1.0 + curv * var
+    return kappa * ((1.0 if accepted else 0.0) - p_pred) / denom, curv / denom
+
+
 @dataclass
 class CalibrationReport:
     """Cumulative out-of-sample quality of the calibrated probabilities."""
@@ -208,18 +222,8 @@ class ConfidenceCalibrator:
             row[:] = [v * keep for v in row]
             row[i] += self._fresh_var[i]
             px.append(row[0] * f + row[b])
-        # assumed-density update of the Gaussian posterior, with the logistic likelihood's probit
-        # approximation (the predictive probability shrinks toward 1/2 by the uncertainty of
-        # x.theta, so steps stay bounded)
         var = f * px[0] + px[b]
-        if var < 0.0:
-            var = 0.0
-        kappa = 1.0 / math.sqrt(1.0 + _PI_8 * var)
-        p_pred = _sigmoid(kappa * z)
-        curv = kappa * kappa * p_pred * (1.0 - p_pred)
-        denom = 1.0 + curv * var
-        step = kappa * ((1.0 if accepted else 0.0) - p_pred) / denom
-        g = curv / denom
+        step, g = _assumed_density_step(z, var, accepted)
         for i, pi in enumerate(px):
             theta[i] += pi * step
             # (pi * pk) * g is the same float for (i, k) and (k, i): the covariance stays symmetric
@@ -243,14 +247,7 @@ class ConfidenceCalibrator:
         else:
             p0, p1, p2 = c00 * f + c02, c01 * f + c12, c02 * f + c22
             var = f * p0 + p2
-        if var < 0.0:
-            var = 0.0
-        kappa = 1.0 / math.sqrt(1.0 + _PI_8 * var)
-        p_pred = _sigmoid(kappa * z)
-        curv = kappa * kappa * p_pred * (1.0 - p_pred)
-        denom = 1.0 + curv * var
-        step = kappa * ((1.0 if accepted else 0.0) - p_pred) / denom
-        g = curv / denom
+        step, g = _assumed_density_step(z, var, accepted)
         theta[0] += p0 * step
         theta[1] += p1 * step
         theta[2] += p2 * step
