@@ -382,3 +382,21 @@ def test_a_recording_fault_is_logged_once_per_draft_step(caplog):
         v2._safely(trace, "position 1", boom)
     assert calls == [1] and trace.bad.startswith("position 0: ValueError")
     assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1
+
+
+def test_a_fault_while_shadowing_the_draft_model_runs_vllms_own_step(patched, monkeypatch):
+    """Fail open: the shadowing raises after shadowing one callable; vLLM's draft step still runs
+    with the model as it was, and capture switches off."""
+    baseline = unpatched_drafts()
+    spec, _ = make_speculator(mode=v2.INLINE)
+    real_shadow = v2._shadow_model
+
+    def half_then_raise(speculator, state, trace, saved):
+        real_shadow(speculator, state, trace, saved)
+        raise RuntimeError("model changed shape")
+
+    monkeypatch.setattr(v2, "_shadow_model", half_then_raise)
+    drafts = run_step(spec)
+    assert torch.equal(drafts, baseline)
+    assert spec.__dict__[v2.ATTR].off
+    assert not {"markov_bias", "compute_logits", "compute_draft_logits"} & set(vars(spec.model))  # restored

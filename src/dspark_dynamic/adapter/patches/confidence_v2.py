@@ -214,12 +214,11 @@ def _safely(trace: _Trace, what: str, fn, *args: Any) -> None:
         trace.bad = f"{what}: {type(exc).__name__}: {exc}"
 
 
-def _shadow_model(speculator: Any, state: DraftConfidences, trace: _Trace) -> dict[str, Any]:
-    """Shadow the draft model's per-step callables on the instance for one draft step; returns
-    what to restore."""
+def _shadow_model(speculator: Any, state: DraftConfidences, trace: _Trace, saved: dict[str, Any]) -> None:
+    """Shadow the draft model's per-step callables on the instance for one draft step; what to
+    restore goes into ``saved`` as it is shadowed (complete even if this raises midway)."""
     model = speculator.model
     n_spec = speculator.num_speculative_steps
-    saved: dict[str, Any] = {}
 
     def shadow(name: str, make) -> None:
         original = getattr(model, name, None)
@@ -260,7 +259,6 @@ def _shadow_model(speculator: Any, state: DraftConfidences, trace: _Trace) -> di
     if state.use_head:
         shadow("markov_embed", markov_embed)
     shadow("markov_bias", markov_bias)
-    return saved
 
 
 def _record_inline(speculator: Any, state: DraftConfidences, trace: _Trace, bias: Any, i: int, n_spec: int) -> None:
@@ -308,10 +306,16 @@ def _generate_draft(original):
             return original(self, num_reqs, *args, **kwargs)
         trace = _Trace(num_reqs)
         saved: dict[str, Any] = {}
+        if state.mode == INLINE or state.use_head:
+            try:
+                _shadow_model(self, state, trace, saved)
+            except Exception as exc:  # fail open: vLLM's own draft step, capture off
+                logger.exception("dspark_dynamic: shadowing the DSpark draft model failed")
+                _restore(self.model, saved)
+                _switch_off(self, f"shadowing the draft model: {type(exc).__name__}: {exc}")
+                return original(self, num_reqs, *args, **kwargs)
         state.trace = trace
         try:
-            if state.mode == INLINE or state.use_head:
-                saved = _shadow_model(self, state, trace)
             result = original(self, num_reqs, *args, **kwargs)
         finally:
             state.trace = None
