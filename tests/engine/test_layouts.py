@@ -84,12 +84,15 @@ def dp2(target, phase_draft, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dp2_run(dp2):
-    """Both phases on both engines, then idle: outputs, per-engine metrics, engine-core pids."""
+    """Both phases on both engines, then idle: outputs, per-engine metrics, engine-core pids.
+
+    Each engine gets two thinking and two plain requests, pinned with vLLM's ``X-data-parallel-rank``
+    header (the coordinator's load balancing alone may give one engine a single phase)."""
     from concurrent.futures import ThreadPoolExecutor
 
     reqs = [{"kind": "full", "body": {"model": "tiny", "prompt": soak.prompt(i, thinking), "max_tokens": 300,
                                        "temperature": 0, "return_token_ids": True},
-             "expect": layouts.EXPECTED[0 if thinking else 1], "finish": "stop"}
+             "expect": layouts.EXPECTED[0 if thinking else 1], "finish": "stop", "engine": (i // 2) % 2}
             for i, thinking in enumerate([True, False] * 4)]
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda r: soak.send(dp2.url, r), reqs))

@@ -92,19 +92,21 @@ def make_request(kind: str, rng: random.Random, i: int) -> dict[str, Any]:
     return {"kind": kind, "body": body, "expect": expect, "finish": finish}
 
 
-def _post(url: str, body: dict[str, Any], timeout: float):
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+def _post(url: str, body: dict[str, Any], timeout: float, engine: int | None = None):
+    headers = {"Content-Type": "application/json"}
+    if engine is not None:
+        headers["X-data-parallel-rank"] = str(engine)  # vLLM's header: this data-parallel engine
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(), headers=headers)
     return urllib.request.urlopen(req, timeout=timeout)
 
 
 def send(url: str, request: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
-    """Run one request; returns {"kind", "ok", "why"}."""
-    kind, body = request["kind"], dict(request["body"])
+    """Run one request; returns {"kind", "ok", "why"}. ``request["engine"]``, if set, pins it to a DP engine."""
+    kind, body, engine = request["kind"], dict(request["body"]), request.get("engine")
     try:
         if kind == "abort":
             chunks = body.pop("chunks")
-            resp = _post(url, body, timeout)
+            resp = _post(url, body, timeout, engine)
             seen = 0
             for line in resp:
                 if line.strip().startswith(b"data:"):
@@ -113,7 +115,7 @@ def send(url: str, request: dict[str, Any], timeout: float = 300.0) -> dict[str,
                         break
             resp.close()  # the client goes away mid-generation
             return {"kind": kind, "ok": True, "why": ""}
-        with _post(url, body, timeout) as resp:
+        with _post(url, body, timeout, engine) as resp:
             choices = json.loads(resp.read())["choices"]
     except (OSError, ValueError, KeyError) as exc:
         return {"kind": kind, "ok": False, "why": f"error: {exc!r}"[:300]}
