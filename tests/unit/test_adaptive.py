@@ -367,6 +367,35 @@ def test_learned_cost_needs_a_small_standard_error():
     assert noisy.learned() is None
 
 
+def _learned_policy(noise: float, steps: int, a: float = 0.53) -> AdaptivePolicy:
+    """Reasoning drafts accepted at ``a``; measured step times with a true per-token cost of 0.40
+    of a depth-0 step (break-even for depth 1 vs 0 at 0.53: 0.53), with ``noise`` (fraction of a
+    step, std) on every step."""
+    rng = random.Random(11)
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0, confidence=False)
+    for i in range(steps):
+        k = (0, 1, 1, 2)[i % 4]
+        policy.observe_step(0.005 * (1 + 0.4 * k) + rng.gauss(0, noise * 0.005), k, 1, k)
+        policy.observe(R, 1, 1 if rng.random() < a else 0, None)
+    return policy
+
+
+def test_a_depth_other_than_the_default_must_win_across_the_learned_costs_band():
+    """A flat optimum (the narrow testbed): depth 0 and 1 score within the learned cost's
+    uncertainty, so the phase default stays; once the fit is tight and says so, the policy moves."""
+    noisy = _learned_policy(noise=0.4, steps=400, a=0.40)
+    low, high = noisy.cost.band()
+    assert noisy.cost.learned() is not None and low < noisy.cost.learned() < high
+    rates = noisy.phase_rates(R)
+    assert best_depth(rates, 0, 2, noisy.cost.per_token)[0] == 0  # the point estimate prefers 0 ...
+    assert [best_depth(rates, 0, 2, c)[0] for c in (low, high)] == [1, 0]  # ... within its uncertainty
+    assert noisy.depth(R, "r") == 1  # so the default stays
+    tight = _learned_policy(noise=0.05, steps=2000, a=0.30)  # depth 0 clearly better at a = 0.30
+    low, high = tight.cost.band()
+    assert high - low < 0.05
+    assert tight.depth(R, "r") == 0
+
+
 def test_a_request_record_shifts_its_gate_only_when_outcomes_persist():
     """Independent draft outcomes: a request's own record is noise and leaves its probabilities
     alone.  Outcomes in easy/hard stretches: a request that keeps failing is gated harder."""

@@ -39,17 +39,59 @@ def test_feature_is_log_odds_of_the_max_probability_at_the_requests_temperature(
 
 def test_capture_shapes_sequential_and_parallel_proposals():
     seq = Capture()
-    seq.rows = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]
+    seq.rows = [(torch.tensor([1.0, 2.0]), False), (torch.tensor([3.0, 4.0]), False)]  # scored rows
     seq.finish(torch.zeros(2, 2, dtype=torch.long))
     assert seq.last.tolist() == [[1.0, 3.0], [2.0, 4.0]] and seq.rows is None
     par = Capture()
-    par.rows = [torch.tensor([1.0, 2.0, 3.0, 4.0])]  # request-major: K=2 rows per request
+    par.rows = [(torch.tensor([1.0, 2.0, 3.0, 4.0]), False)]  # request-major: K=2 rows per request
     par.finish(torch.zeros(2, 2, dtype=torch.long))
     assert par.last.tolist() == [[1.0, 2.0], [3.0, 4.0]]
     odd = Capture()
-    odd.rows = [torch.tensor([1.0])]
+    odd.rows = [(torch.tensor([1.0]), False)]
     odd.finish(torch.zeros(2, 2, dtype=torch.long))  # rows that do not match: dropped
     assert odd.last is None
+
+
+def test_kept_logits_are_scored_once_at_finish_as_each_row_would_be():
+    g = torch.Generator().manual_seed(3)
+    first, second = torch.randn(3, VOCAB, generator=g), torch.randn(3, VOCAB, generator=g) * 4
+    temperature = torch.tensor([0.0, 0.7, 2.0])
+    for t in (None, temperature):
+        seq = Capture()
+        seq.temperature, seq.rows = t, []
+        seq.keep(first)
+        seq.record(second * 1.0)  # a mix: one kept, one scored at once
+        seq.finish(torch.zeros(3, 2, dtype=torch.long))
+        want = torch.stack([max_prob_log_odds(first, t), max_prob_log_odds(second, t)], dim=1)
+        assert torch.allclose(seq.last, want, rtol=1e-5)
+        kept = Capture()
+        kept.temperature, kept.rows = t, []
+        kept.keep(first)
+        kept.keep(second)
+        kept.finish(torch.zeros(3, 2, dtype=torch.long))
+        assert torch.allclose(kept.last, want, rtol=1e-5)
+        par = Capture()  # parallel drafting: one call, K=2 rows per request, request-major
+        par.temperature, par.rows = t, []
+        par.keep(torch.stack([first, second], dim=1).reshape(6, VOCAB))
+        par.finish(torch.zeros(3, 2, dtype=torch.long))
+        assert torch.allclose(par.last, want, rtol=1e-5)
+
+
+def test_host_and_torch_scoring_agree():
+    """CPU logits are scored with numpy; the torch formula (used on an accelerator) gives the same."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.cat([torch.randn(4, VOCAB, generator=g) * 3, torch.tensor([[40.0] + [0.0] * (VOCAB - 1)])])
+    temperature = torch.tensor([0.0, 0.5, 1.0, 3.0, 1.0])
+
+    def torch_formula(x, t):
+        x = x / torch.where(t > 1e-5, t, torch.ones_like(t)).unsqueeze(1)
+        top, idx = x.max(-1, keepdim=True)
+        return (top.squeeze(-1) - torch.logsumexp(x.scatter(-1, idx, float("-inf")), -1)).clamp(-40.0, 40.0)
+
+    got = max_prob_log_odds(logits.bfloat16(), temperature)
+    assert got.dtype == torch.float32
+    assert got.tolist() == pytest.approx(torch_formula(logits.bfloat16().float(), temperature).tolist(), rel=1e-5)
+    assert got[-1] == pytest.approx(40.0 - math.log(VOCAB - 1), abs=1e-3)
 
 
 def config(policy="adaptive", confidence=True):
@@ -118,7 +160,7 @@ def test_sampled_drafts_scored_at_the_request_temperature_before_vllm_scales_the
     except Exception:  # vLLM's sampler may want more metadata than this bare object has
         pass
     assert capture.rows, "the feature is recorded before vLLM's sampler runs"
-    assert capture.rows[0].tolist() == pytest.approx(max_prob_log_odds(logits, temperature).tolist(), rel=1e-5)
+    assert capture.rows[0][0].tolist() == pytest.approx(max_prob_log_odds(logits, temperature).tolist(), rel=1e-5)
 
 
 def test_not_configured_proposer_runs_vllms_code_untouched(proposer):

@@ -25,7 +25,11 @@ Model, per phase (reasoning / answer):
 - Learn without losing: while learned costs cannot yet tell depths apart (too few steps, or a
   fit whose standard error is large against its value), every phase keeps its default depth
   (exploration aside, which gives the fit its second depth); with confidences it drafts the
-  default's positions and the gate only chooses which of them to verify.
+  default's positions and the gate only chooses which of them to verify.  Once learned, a cost
+  carries a band of one standard error: a depth other than the default is taken only if it
+  scores better across the whole band (a flat optimum keeps the default), and a sequential
+  drafter drafts a position beyond the default only if its gain beats the band's high end, and
+  stops drafting one within the default only below its low end.
 - Draft confidences (``confidence``; see confidence.py): once the drafter reports them, each
   step's depths come from the calibrated survival of each request's own drafts (``gate``), and
   ``depth`` only says how many positions to *draft*: position j is drafted while its recent
@@ -180,7 +184,7 @@ class StepCostModel:
     CLIP = 3.0
 
     def __init__(self, verify: float, draft: float, draft_token: float = 0.0, learn: bool = True,
-                 forget: float = 0.995) -> None:
+                 forget: float = 0.998) -> None:
         self.prior = (verify + draft_token) / (1.0 + draft)
         self.learn = learn
         self.forget = forget
@@ -194,23 +198,39 @@ class StepCostModel:
         self._cached: dict[str, Any] = {}  # learned / per_token / split, until the next update
         self.prior_split = verify / (verify + draft_token) if verify + draft_token > 0 else 1.0
 
+    REFRESH = 8  # updates between refreshes of the derived costs (learned, split, bands)
+
     def update(self, seconds: float, verified_tokens: float, num_requests: int, draft_depth: int) -> None:
+        """One recursive-least-squares step (written out for the four features: it runs every
+        engine step, on the scheduler's critical path)."""
         if not self.learn or num_requests <= 0 or seconds <= 0:
             return
-        self._cached.clear()
-        x = (1.0, float(num_requests), float(verified_tokens), float(max(draft_depth, 0)))
-        p, lam = self.p, self.forget
-        px = [sum(p[i][j] * x[j] for j in range(self.FEATURES)) for i in range(self.FEATURES)]
-        denom = lam + sum(x[i] * px[i] for i in range(self.FEATURES))
-        gain = [v / denom for v in px]
-        err = seconds - sum(t * xi for t, xi in zip(self.theta, x))
+        if self.n % self.REFRESH == 0:
+            self._cached.clear()  # costs move slowly: decisions use values at most REFRESH steps old
+        x1, x2, x3 = float(num_requests), float(verified_tokens), float(max(draft_depth, 0))
+        (a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3), (d0, d1, d2, d3) = self.p
+        px0 = a0 + a1 * x1 + a2 * x2 + a3 * x3  # P x, with x = (1, requests, verified, drafted)
+        px1 = b0 + b1 * x1 + b2 * x2 + b3 * x3
+        px2 = c0 + c1 * x1 + c2 * x2 + c3 * x3
+        px3 = d0 + d1 * x1 + d2 * x2 + d3 * x3
+        lam = self.forget
+        denom = lam + px0 + x1 * px1 + x2 * px2 + x3 * px3
+        g0, g1, g2, g3 = px0 / denom, px1 / denom, px2 / denom, px3 / denom
+        t0, t1, t2, t3 = self.theta
+        err = seconds - (t0 + t1 * x1 + t2 * x2 + t3 * x3)
         if self.n >= 20 and self.abs_err > 0:
             bound = self.CLIP * self.abs_err
             err = max(-bound, min(bound, err))
         self.abs_err = abs(err) if self.n == 0 else 0.98 * self.abs_err + 0.02 * abs(err)
         self.sq_err = err * err if self.n == 0 else 0.98 * self.sq_err + 0.02 * err * err
-        self.theta = [t + g * err for t, g in zip(self.theta, gain)]
-        self.p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(self.FEATURES)] for i in range(self.FEATURES)]
+        self.theta = [t0 + g0 * err, t1 + g1 * err, t2 + g2 * err, t3 + g3 * err]
+        inv = 1.0 / lam
+        self.p = [
+            [(a0 - g0 * px0) * inv, (a1 - g0 * px1) * inv, (a2 - g0 * px2) * inv, (a3 - g0 * px3) * inv],
+            [(b0 - g1 * px0) * inv, (b1 - g1 * px1) * inv, (b2 - g1 * px2) * inv, (b3 - g1 * px3) * inv],
+            [(c0 - g2 * px0) * inv, (c1 - g2 * px1) * inv, (c2 - g2 * px2) * inv, (c3 - g2 * px3) * inv],
+            [(d0 - g3 * px0) * inv, (d1 - g3 * px1) * inv, (d2 - g3 * px2) * inv, (d3 - g3 * px3) * inv],
+        ]
         self.n += 1
         self.requests = 0.98 * self.requests + 0.02 * num_requests
         self.depths.add(round(verified_tokens / num_requests))
@@ -264,6 +284,34 @@ class StepCostModel:
                 v = max(0.0, min(total, d / self._base()))
                 return v, total - v
         return total * self.prior_split, total * (1.0 - self.prior_split)
+
+    BAND_Z = 1.0  # a band of one standard error around a learned cost
+
+    def band(self) -> tuple[float, float] | None:
+        """The learned per-token ratio +- one standard error (None while not learned): a depth
+        other than the default is taken only if it wins across the band."""
+        if "band" not in self._cached:
+            learned = self.learned() if self.learn else None
+            if learned is None:
+                self._cached["band"] = None
+            else:
+                half = self.BAND_Z * self._se(2, 3) / self._base()
+                self._cached["band"] = (max(0.0, learned - half), learned + half)
+        return self._cached["band"]
+
+    def split_band(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(verify, draft) per token as (low, high) bands, one standard error each, in the units
+        of ``split``; zero-width while the split is the given one."""
+        if "split_band" not in self._cached:
+            verify, draft = self.split()
+            bands = ((verify, verify), (draft, draft))
+            if self.learn and self.learned() is not None:
+                base = self._base()
+                hv = self.BAND_Z * self._se(2) / base
+                hd = self.BAND_Z * self._se(3) / base
+                bands = ((max(0.0, verify - hv), verify + hv), (max(0.0, draft - hd), draft + hd))
+            self._cached["split_band"] = bands
+        return self._cached["split_band"]
 
     @property
     def per_token(self) -> float:
@@ -369,9 +417,10 @@ class AdaptivePolicy:
             # losing: a prior cost is a guess, and acting on it may cost more than the default)
             chosen = default
         else:
-            best, scores = best_depth(
-                self.request_rates(phase, request_id), self.min_depth, self.n, self.cost.per_token
-            )
+            rates = self.request_rates(phase, request_id)
+            best, scores = best_depth(rates, self.min_depth, self.n, self.cost.per_token)
+            if best != default and not self._beats_default(rates, best, default):
+                best = default  # within the cost model's uncertainty: the default may be as good
             state = self._state(request_id)
             if state is not None:
                 state.estimate.age()
@@ -386,6 +435,14 @@ class AdaptivePolicy:
             if self.learn_cost and chosen > self.min_depth:
                 return chosen - 1
         return chosen
+
+    def _beats_default(self, rates: list[float], k: int, default: int) -> bool:
+        """Depth ``k`` scores above ``default`` at both ends of the learned cost's band."""
+        band = self.cost.band() if self.learn_cost else None
+        if band is None:
+            return True
+        e_k, e_d = expected_tokens(rates, k), expected_tokens(rates, default)
+        return all(e_k / (1.0 + c * k) > e_d / (1.0 + c * default) for c in band)
 
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
         if verified <= 0:
@@ -416,6 +473,10 @@ class AdaptivePolicy:
         if draft <= 0.0:
             depth = self.n  # a parallel drafter drafts every position in one pass
         else:
+            # a position within the phase default stays drafted unless its gain is below the low
+            # end of the drafting cost's band; one beyond it needs a gain above the high end
+            _, (draft_lo, draft_hi) = self.cost.split_band()
+            default = self.defaults[phase]
             gains = self.gains[phase]
             rates = None
             survive, depth = 1.0, 0
@@ -426,7 +487,7 @@ class AdaptivePolicy:
                     for a in rates[: j + 1]:
                         survive *= a
                     gain = max(0.0, survive - verify)
-                if gain <= draft:
+                if gain <= (draft_lo if j < default else draft_hi):
                     break
                 depth = j + 1
         if not self._costs_known():

@@ -5,8 +5,10 @@ Capture (worker process, ``SpecDecodeBaseProposer``: draft_model, EAGLE/EAGLE3, 
 every call that turns draft logits into draft ids records, per row, the log-odds of the draft
 distribution's maximum probability at the request's temperature (``core.confidence``'s
 feature).  It reads the logits the drafter computed anyway (the greedy path computes them once,
-as vLLM does, then takes the argmax); it scores the distribution, never the drawn token.  At
-the end of ``propose`` the rows become one ``[requests, drafts]`` tensor, left on the device.
+as vLLM does, then takes the argmax); it scores the distribution, never the drawn token.  The
+greedy path's logits are only read by vLLM, so they are kept and scored together at the end of
+``propose`` (one pass per proposal); sampled ones are scored at once, before vLLM scales them
+in place.  The rows become one ``[requests, drafts]`` tensor, left on the device.
 
 Transport: ``take_draft_token_ids`` (sync scheduling only: vLLM never calls it under async
 scheduling) copies that tensor next to the draft ids it has just copied and attaches it to the
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from typing import Any
 
 from dspark_dynamic.adapter.build import raw_options
@@ -59,8 +62,13 @@ def max_prob_log_odds(logits: Any, temperature: Any = None) -> Any:
     """Per row: ``log(q*/(1-q*))`` of ``softmax(logits / T)`` (T <= eps: unscaled), clamped.
 
     Computed as ``max - logsumexp(the other logits)``, so a peaked row keeps its exact log-odds
-    (summing probabilities including q* would round ``1 - q*`` to 0 in float32).
+    (summing probabilities including q* would round ``1 - q*`` to 0 in float32).  Logits on the
+    CPU are scored with numpy (a handful of small array operations instead of torch's per-op
+    dispatch, which costs more than the arithmetic here); on an accelerator the torch ops stay
+    asynchronous, and nothing waits for them before the draft ids are copied.
     """
+    if logits.device.type == "cpu":
+        return _max_prob_log_odds_host(logits, temperature)
     import torch
 
     x = logits.float()
@@ -74,20 +82,52 @@ def max_prob_log_odds(logits: Any, temperature: Any = None) -> Any:
     return (top.squeeze(-1) - torch.logsumexp(others, dim=-1)).clamp(-FEATURE_CLAMP, FEATURE_CLAMP)
 
 
+def _max_prob_log_odds_host(logits: Any, temperature: Any) -> Any:
+    """``max_prob_log_odds`` for CPU tensors: ``-log(sum_{i != argmax} exp(x_i - max))``."""
+    import numpy as np
+    import torch
+
+    x = logits.detach().float().numpy()  # may share memory with ``logits``: never written
+    if temperature is not None:
+        t = temperature.detach().float().numpy()
+        if t.shape[0] != x.shape[0]:  # parallel drafting: K rows per request, request-major
+            t = np.repeat(t, x.shape[0] // t.shape[0])
+        x = x / np.where(t > _GREEDY_EPS, t, np.float32(1.0))[:, None]
+    rows = np.arange(x.shape[0])
+    idx = x.argmax(axis=-1)
+    e = np.exp(x - x[rows, idx][:, None])
+    e[rows, idx] = 0.0  # the others only: exact for a peaked row
+    # each e <= 1, so -log(sum) >= -log(vocab) > -FEATURE_CLAMP: only the upper clamp can bind
+    return torch.from_numpy(-np.log(np.maximum(e.sum(axis=-1), _MIN_OTHERS)))
+
+
+_MIN_OTHERS = math.exp(-FEATURE_CLAMP)
+
+
 class Capture:
     """One proposer's features: the rows of the ``propose`` call in progress, then the last
-    proposal's ``[requests, drafts]`` tensor until the runner takes it."""
+    proposal's ``[requests, drafts]`` tensor until the runner takes it.
+
+    A row is either a feature vector (scored at once: vLLM scales those logits in place next) or
+    logits nobody writes again (the greedy path), kept by reference and scored together at
+    ``finish``: one scoring pass per proposal instead of one per draft position."""
 
     __slots__ = ("temperature", "rows", "last")
 
     def __init__(self) -> None:
         self.temperature: Any = None
-        self.rows: list[Any] | None = None
+        self.rows: list[tuple[Any, bool]] | None = None  # (tensor, is raw logits)
         self.last: Any = None
 
     def record(self, logits: Any) -> None:
+        """Score logits that vLLM is about to modify in place."""
         if self.rows is not None:
-            self.rows.append(max_prob_log_odds(logits, self.temperature))
+            self.rows.append((max_prob_log_odds(logits, self.temperature), False))
+
+    def keep(self, logits: Any) -> None:
+        """Keep logits that stay untouched until ``finish`` (scored there)."""
+        if self.rows is not None:
+            self.rows.append((logits, True))
 
     def finish(self, draft_token_ids: Any) -> None:
         """Shape the recorded rows like ``draft_token_ids`` ([requests, drafts]), or drop them."""
@@ -98,10 +138,17 @@ class Capture:
         if not rows or draft_token_ids is None or draft_token_ids.dim() != 2:
             return
         reqs, drafts = draft_token_ids.shape
-        if len(rows) == drafts and all(r.numel() == reqs for r in rows):
-            self.last = torch.stack([r.reshape(reqs) for r in rows], dim=1)  # one call per position
-        elif len(rows) == 1 and rows[0].numel() == reqs * drafts:
-            self.last = rows[0].reshape(reqs, drafts)  # parallel drafting: all positions at once
+        if len(rows) == drafts and all(r.shape[0] == reqs for r, _ in rows):  # one call per position
+            if all(raw for _, raw in rows) and len({r.shape for r, _ in rows}) == 1:
+                stacked = rows[0][0].unsqueeze(1) if drafts == 1 else torch.stack([r for r, _ in rows], dim=1)
+                features = max_prob_log_odds(stacked.reshape(reqs * drafts, -1), self.temperature)
+                self.last = features.reshape(reqs, drafts)
+            else:
+                scored = [max_prob_log_odds(r, self.temperature) if raw else r for r, raw in rows]
+                self.last = torch.stack([f.reshape(reqs) for f in scored], dim=1)
+        elif len(rows) == 1 and rows[0][0].shape[0] == reqs * drafts:  # parallel drafting: all at once
+            r, raw = rows[0]
+            self.last = (max_prob_log_odds(r, self.temperature) if raw else r).reshape(reqs, drafts)
 
 
 def _attach(proposer: Any) -> None:
@@ -162,7 +209,7 @@ def _greedy_sample(original):
         compute = getattr(self, "_compute_logits", None)
         logits = compute(hidden_states, *args, **kwargs) if compute is not None else self.model.compute_logits(hidden_states)
         try:
-            capture.record(logits)
+            capture.keep(logits)  # vLLM's greedy path only reads them: scored once, at ``finish``
         except Exception as exc:
             GUARD.trip(self, where, exc)
         return logits.argmax(dim=-1)
