@@ -62,12 +62,13 @@ def max_prob_log_odds(logits: Any, temperature: Any = None) -> Any:
     """Per row: ``log(q*/(1-q*))`` of ``softmax(logits / T)`` (T <= eps: unscaled), clamped.
 
     Computed as ``max - logsumexp(the other logits)``, so a peaked row keeps its exact log-odds
-    (summing probabilities including q* would round ``1 - q*`` to 0 in float32).  Logits on the
-    CPU are scored with numpy (a handful of small array operations instead of torch's per-op
-    dispatch, which costs more than the arithmetic here); on an accelerator the torch ops stay
-    asynchronous, and nothing waits for them before the draft ids are copied.
+    (summing probabilities including q* would round ``1 - q*`` to 0 in float32).  Small logits on
+    the CPU are scored with numpy (a handful of array operations instead of torch's per-op
+    dispatch, which costs more than the arithmetic there; large ones keep torch's threads); on an
+    accelerator the torch ops stay asynchronous, and nothing waits for them before the draft ids
+    are copied.
     """
-    if logits.device.type == "cpu":
+    if logits.device.type == "cpu" and logits.numel() <= _HOST_MAX_NUMEL:
         return _max_prob_log_odds_host(logits, temperature)
     import torch
 
@@ -102,6 +103,7 @@ def _max_prob_log_odds_host(logits: Any, temperature: Any) -> Any:
 
 
 _MIN_OTHERS = math.exp(-FEATURE_CLAMP)
+_HOST_MAX_NUMEL = 1 << 18  # larger CPU logits (a real vocabulary times several rows): torch
 
 
 class Capture:
