@@ -43,3 +43,21 @@ def test_wallclock_claims_resolve_the_better_baseline():
     best = ratios["adaptive / best of fixed k=1|phase 1/2 = fixed k=1"]  # k=1 is faster here
     assert best["median"] == pytest.approx(1.5 / 1.55)
     assert ratios["phase 1/2 / fixed k=2"]["median"] == pytest.approx(1.8 / 1.6)
+
+
+def test_a_copy_setting_is_the_same_engine_twice_and_reports_its_ratio(tmp_path, monkeypatch):
+    """``"<setting> (copy)"``: an A/A check of the benchmark (same spec, its own trace file)."""
+    from dspark_dynamic.testing import wallclock
+
+    monkeypatch.setattr(wallclock, "testbed_models", lambda shape, drafter: ("target", {"method": "draft_model"}))
+    specs = wallclock.engine_specs(("adaptive", "adaptive (copy)", "fixed k=1 (copy)"), tmp_path)
+    a, b = specs["adaptive"], specs["adaptive (copy)"]
+    assert a["additional_config"]["dspark_dynamic"].pop("trace_path") != b["additional_config"]["dspark_dynamic"].pop("trace_path")
+    assert a == b and specs["fixed k=1 (copy)"]["speculative_config"]["num_speculative_tokens"] == 1
+    result = wallclock.WallclockResult(["phase 1/2", "phase 1/2 (copy)"])
+    for s in (1.0, 1.1, 0.9):
+        result.rounds.append({n: {"tokens": {"reasoning": 100, "answer": 50},
+                                  "seconds": {"reasoning": s * f, "answer": 0.5}, "steps": 10}
+                              for n, f in (("phase 1/2", 1.0), ("phase 1/2 (copy)", 1.02))})
+    ratio = result.summary()["ratios"]["phase 1/2 (copy) / phase 1/2"]["median"]
+    assert ratio == pytest.approx(1.5 / 1.52)

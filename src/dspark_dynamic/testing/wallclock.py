@@ -61,6 +61,10 @@ CLAIMS = (
 )
 
 
+COPY = " (copy)"  # "<setting> (copy)": the same setting in a second engine; its ratio to the
+# first measures what the benchmark cannot resolve (engine placement, memory layout, noise)
+
+
 def controlled(name: str) -> bool:
     return name.startswith("phase ") or name.startswith("adaptive")
 
@@ -90,14 +94,15 @@ def engine_specs(names: tuple[str, ...], trace_dir: Path, shape: MoEShape = MoES
                  drafter: str = "draft_model") -> dict[str, dict[str, Any]]:
     target, drafting = testbed_models(shape, drafter)
     specs: dict[str, dict[str, Any]] = {}
-    for name in names:
+    for full_name in names:
+        name = full_name.removesuffix(COPY)  # a second engine of the same setting (A/A check)
         spec: dict[str, Any] = {"model": target}
         if name.startswith("fixed k="):
             k = int(name.split("=")[1])
             if k:
                 spec["speculative_config"] = {**drafting, "num_speculative_tokens": k}
         else:
-            options: dict[str, Any] = {"trace_path": str(trace_file(trace_dir, name))}
+            options: dict[str, Any] = {"trace_path": str(trace_file(trace_dir, full_name))}
             if name.startswith("phase "):
                 reasoning, answer = (int(x) for x in name.split()[1].split("/"))
                 options.update(reasoning_depth=reasoning, answer_depth=answer)
@@ -111,7 +116,7 @@ def engine_specs(names: tuple[str, ...], trace_dir: Path, shape: MoEShape = MoES
                 raise ValueError(f"unknown setting {name!r}")
             spec["speculative_config"] = {**drafting, "num_speculative_tokens": 2}
             spec["additional_config"] = {"dspark_dynamic": options}
-        specs[name] = spec
+        specs[full_name] = spec
     return specs
 
 
@@ -153,7 +158,8 @@ class WallclockResult:
                 "all": summarize(self.tok_per_s(name)).as_dict(),
                 **{p: summarize(self.tok_per_s(name, p)).as_dict() for p in PHASES},
             }
-        for a, b in CLAIMS:
+        copies = tuple((n, n.removesuffix(COPY)) for n in self.settings if n.endswith(COPY))
+        for a, b in CLAIMS + copies:
             resolved, ratio = self.claim(a, b)
             if ratio is not None:
                 name = f"{a} / {b} = {resolved}" if b.startswith("best of ") else f"{a} / {resolved}"
