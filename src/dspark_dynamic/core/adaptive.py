@@ -26,10 +26,8 @@ Model, per phase (reasoning / answer):
   fit whose standard error is large against its value), every phase keeps its default depth
   (exploration aside, which gives the fit its second depth); with confidences it drafts the
   default's positions and the gate only chooses which of them to verify.  Once learned, a cost
-  carries a band of one standard error: a depth other than the default is taken only if it
-  scores better across the whole band (a flat optimum keeps the default), and a sequential
-  drafter drafts a position beyond the default only if its gain beats the band's high end, and
-  stops drafting one within the default only below its low end.
+  carries a band of one standard error: without confidences, a depth other than the default is
+  taken only if it scores better across the whole band (a flat optimum keeps the default).
 - Draft confidences (``confidence``; see confidence.py): once the drafter reports them, each
   step's depths come from the calibrated survival of each request's own drafts (``gate``), and
   ``depth`` only says how many positions to *draft*: position j is drafted while its recent
@@ -299,20 +297,6 @@ class StepCostModel:
                 self._cached["band"] = (max(0.0, learned - half), learned + half)
         return self._cached["band"]
 
-    def split_band(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """(verify, draft) per token as (low, high) bands, one standard error each, in the units
-        of ``split``; zero-width while the split is the given one."""
-        if "split_band" not in self._cached:
-            verify, draft = self.split()
-            bands = ((verify, verify), (draft, draft))
-            if self.learn and self.learned() is not None:
-                base = self._base()
-                hv = self.BAND_Z * self._se(2) / base
-                hd = self.BAND_Z * self._se(3) / base
-                bands = ((max(0.0, verify - hv), verify + hv), (max(0.0, draft - hd), draft + hd))
-            self._cached["split_band"] = bands
-        return self._cached["split_band"]
-
     @property
     def per_token(self) -> float:
         """Cost of one more draft at a step, relative to a depth-0 step's cost per request."""
@@ -473,10 +457,6 @@ class AdaptivePolicy:
         if draft <= 0.0:
             depth = self.n  # a parallel drafter drafts every position in one pass
         else:
-            # a position within the phase default stays drafted unless its gain is below the low
-            # end of the drafting cost's band; one beyond it needs a gain above the high end
-            _, (draft_lo, draft_hi) = self.cost.split_band()
-            default = self.defaults[phase]
             gains = self.gains[phase]
             rates = None
             survive, depth = 1.0, 0
@@ -487,7 +467,7 @@ class AdaptivePolicy:
                     for a in rates[: j + 1]:
                         survive *= a
                     gain = max(0.0, survive - verify)
-                if gain <= (draft_lo if j < default else draft_hi):
+                if gain <= draft:
                     break
                 depth = j + 1
         if not self._costs_known():
