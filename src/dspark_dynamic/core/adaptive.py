@@ -422,7 +422,7 @@ class AdaptivePolicy:
 
     def _beats_default(self, rates: list[float], k: int, default: int) -> bool:
         """Depth ``k`` scores above ``default`` at both ends of the learned cost's band."""
-        band = self.cost.band() if self.learn_cost else None
+        band = self.cost.band()  # None while costs are given or not yet learned
         if band is None:
             return True
         e_k, e_d = expected_tokens(rates, k), expected_tokens(rates, default)
