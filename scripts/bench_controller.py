@@ -101,23 +101,29 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
 
 
 def bench_capture(shapes=((1, 2, 256), (1, 2, 129280), (8, 2, 129280)), repeats: int = 20) -> dict:
-    """Milliseconds per step to compute the confidence feature over draft logits (needs torch)."""
+    """Milliseconds per step for the Model Runner V1 capture: the drafter's logits scored once per
+    proposal (``log_max_prob``) and turned into features on the host (``feature_of_log_prob``),
+    greedy and at temperature 0.6 (needs torch)."""
     try:
         import torch
 
-        from dspark_dynamic.adapter.patches.confidence import max_prob_log_odds
+        from dspark_dynamic.adapter.patches.confidence import log_max_prob
+        from dspark_dynamic.core.confidence import feature_of_log_prob
     except ImportError:
         return {}
     out = {}
     for reqs, drafts, vocab in shapes:
-        logits = torch.randn(reqs, vocab)
-        temperature = torch.full((reqs,), 0.6)
-        max_prob_log_odds(logits, temperature)  # warm-up
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            for _ in range(drafts):  # a sequential drafter samples once per position
-                max_prob_log_odds(logits, temperature)
-        out[(reqs, drafts, vocab)] = (time.perf_counter() - t0) / repeats * 1e3
+        logits = torch.randn(reqs * drafts, vocab)
+        for temperature in (None, torch.full((reqs,), 0.6)):
+            def step() -> None:
+                scores = log_max_prob(logits, temperature).reshape(reqs, drafts)
+                [[feature_of_log_prob(v) for v in row] for row in scores.tolist()]
+            step()  # warm-up
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                step()
+            label = "greedy" if temperature is None else "T=0.6"
+            out[(reqs, drafts, vocab, label)] = (time.perf_counter() - t0) / repeats * 1e3
     return out
 
 
@@ -155,8 +161,8 @@ def main() -> None:
     capture = bench_capture()
     if capture:
         print("\nconfidence capture per engine step (worker: feature over the step's draft logits, CPU, ms)")
-        for (reqs, drafts, vocab), ms in capture.items():
-            print(f"  {reqs:>3} requests x {drafts} drafts, vocabulary {vocab:>6}: {ms:8.3f}")
+        for (reqs, drafts, vocab, label), ms in capture.items():
+            print(f"  {reqs:>3} requests x {drafts} drafts, vocabulary {vocab:>6}, {label:>6}: {ms:8.3f}")
     print("\nprompt scan, once per request (ms)")
     for n, where, label in (
         (1_000_000, 999_999, "1M tokens, marker last (DeepSeek-V4 template)"),

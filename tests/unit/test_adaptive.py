@@ -424,3 +424,81 @@ def test_a_request_record_shifts_its_gate_only_when_outcomes_persist():
     easy, hard = persistent.offsets["easy"], persistent.offsets["hard"]
     assert all(e > 0.5 for e in easy) and hard[0] < -0.5  # its second draft was never reached
 
+
+
+def test_before_costs_are_learned_a_default_draft_is_skipped_only_if_it_loses_at_half_the_prior():
+    """The narrow testbed's first requests: a prior that overprices a draft (0.48 of a step
+    against ~0.2 measured) gated away drafts accepted ~60 % of the time.  Until costs are learned
+    the gate trusts the prior only within PRIOR_SPREAD: a draft that pays at half the prior cost
+    is verified; one that does not is still skipped."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, verify_cost_ratio=0.5,
+                            draft_token_cost_ratio=0.2)
+    verify, _ = policy.cost.split()
+    assert policy.cost.learned() is None and verify == pytest.approx((0.5 + 0.2) / 1.04 * (0.5 / 0.7), rel=1e-6)
+    policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+    middling = _logit_of(0.35)  # survival 0.35: below the prior's verify cost, above half of it
+    doubtful = _logit_of(0.15)
+    assert verify / 2 < 0.35 < verify and 0.15 < verify / 2
+    assert policy.gate([(R, "a", [middling, middling], 2)]) == [1]  # the default's one draft
+    assert policy.gate([(R, "a", [doubtful, doubtful], 2)]) == [0]
+    given = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=False, explore=0.0, verify_cost_ratio=0.5,
+                           draft_token_cost_ratio=0.2)
+    given.calibrators[R].theta = [1.0, 0.0, 0.0]
+    assert given.gate([(R, "a", [middling, middling], 2)]) == [0]  # a given cost is acted on
+
+
+def _logit_of(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+def test_a_position_dropped_on_stale_costs_is_drafted_again():
+    """A sequential drafter whose early (over)estimate of the drafting cost stopped it drafting:
+    with no drafts the gate sees no confidences, so the position's gain must drift back to what
+    the phase's rates imply at the current costs, and drafting resumes."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=False, explore=0.0, prior_weight=5.0,
+                            verify_cost_ratio=0.2, draft_token_cost_ratio=0.1)
+    for _ in range(100):
+        policy.observe(R, 1, 1 if _ % 10 < 7 else 0, "a")  # 70 % accepted: worth drafting
+    policy.gate([(R, "a", [0.0, 0.0], 2)])
+    policy.gains[R] = [0.0, 0.0]  # as if gated gains were learned against a drafting cost now gone
+    assert policy.depth(R, "a") == 0
+    depths = [policy.depth(R, "a") for _ in range(200)]
+    assert depths[-1] >= 1 and depths.index(1) < 150
+
+
+def test_cost_model_skips_an_engines_first_steps():
+    """A fresh engine's first steps are slow whatever the depth (here: 5x, at the default depth 1,
+    before the gate's first depth-0 steps): fitted, they delay the fit and leave it overpricing a
+    draft for hundreds of steps."""
+    model = StepCostModel(0.5, 0.04)
+    for _ in range(16):
+        model.update(0.050, 1, 1, 1)
+    rng = random.Random(2)
+    learned = []
+    for i in range(400):
+        k = (0, 0, 0, 1, 2)[i % 5]  # true per-token cost: 0.3 of a depth-0 step
+        model.update(0.010 * (1 + 0.3 * k) + rng.gauss(0, 0.0005), k, 1, k)
+        if i % 100 == 99:
+            learned.append(model.learned())
+    assert learned == [pytest.approx(0.3, abs=0.02)] * 4
+
+
+def test_cost_split_is_learned_only_where_each_part_is_pinned_down():
+    """Verified and drafted tokens apart on a quarter of the steps.  With both parts clearly
+    non-zero the split is learned; with a verify part near zero (within its noise) the learned
+    total keeps the prior's split instead of swinging the gate to 'verifying is free'."""
+    def fit(d_ms: float, c_ms: float, noise_ms: float) -> StepCostModel:
+        model = StepCostModel(0.5, 0.04, 0.2)
+        rng = random.Random(4)
+        for i in range(600):
+            drafted = (1, 2, 1, 2)[i % 4]
+            verified = drafted - 1 if i % 4 == 3 else drafted
+            model.update((10.0 + d_ms * verified + c_ms * drafted + rng.gauss(0, noise_ms)) / 1000, verified, 1, drafted)
+        return model
+
+    clear = fit(2.0, 1.5, 0.3)
+    assert clear.split() == (pytest.approx(0.2, abs=0.02), pytest.approx(0.15, abs=0.02))
+    vague = fit(0.1, 3.0, 2.0)
+    total = vague.learned()
+    assert total is not None
+    assert vague.split() == (pytest.approx(total * 0.5 / 0.7), pytest.approx(total * 0.2 / 0.7))

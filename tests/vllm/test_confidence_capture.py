@@ -11,10 +11,13 @@ pytest.importorskip("vllm")
 from dspark_dynamic.adapter.patches import confidence  # noqa: E402
 from dspark_dynamic.adapter.patches.confidence import (  # noqa: E402
     ATTR,
+    FIELD,
     Capture,
     confidence_wanted,
+    log_max_prob,
     max_prob_log_odds,
 )
+from dspark_dynamic.core.confidence import feature_of_log_prob  # noqa: E402
 
 VOCAB = 11
 
@@ -62,7 +65,7 @@ def test_kept_logits_are_scored_once_at_finish_as_each_row_would_be():
         seq.keep(first)
         seq.record(second * 1.0)  # a mix: one kept, one scored at once
         seq.finish(torch.zeros(3, 2, dtype=torch.long))
-        want = torch.stack([max_prob_log_odds(first, t), max_prob_log_odds(second, t)], dim=1)
+        want = torch.stack([log_max_prob(first, t), log_max_prob(second, t)], dim=1)
         assert torch.allclose(seq.last, want, rtol=1e-5)
         kept = Capture()
         kept.temperature, kept.rows = t, []
@@ -77,21 +80,37 @@ def test_kept_logits_are_scored_once_at_finish_as_each_row_would_be():
         assert torch.allclose(par.last, want, rtol=1e-5)
 
 
-def test_host_and_torch_scoring_agree():
-    """CPU logits are scored with numpy; the torch formula (used on an accelerator) gives the same."""
+def test_the_captured_score_gives_the_log_odds_feature():
+    """The capture keeps log q* (two calls per proposal); the host turns it into the feature.  It
+    is the exact log-odds to within float32's resolution of 1 - q* (0.01 at a feature of ~10, the
+    last row), saturates beyond (about 16.6, not an infinity), and is monotone in q*."""
     g = torch.Generator().manual_seed(4)
-    logits = torch.cat([torch.randn(4, VOCAB, generator=g) * 3, torch.tensor([[40.0] + [0.0] * (VOCAB - 1)])])
+    logits = torch.cat([torch.randn(4, VOCAB, generator=g) * 3, torch.tensor([[12.0] + [0.0] * (VOCAB - 1)])])
     temperature = torch.tensor([0.0, 0.5, 1.0, 3.0, 1.0])
+    for x in (logits, logits.bfloat16()):
+        for t in (None, temperature):
+            got = [feature_of_log_prob(v) for v in log_max_prob(x, t).tolist()]
+            exact = max_prob_log_odds(x, t).tolist()
+            assert got[:4] == pytest.approx(exact[:4], rel=1e-4, abs=1e-4)
+            assert got[4] == pytest.approx(exact[4], abs=0.02)
+    peaked = [feature_of_log_prob(v) for v in log_max_prob(torch.tensor([[20.0, 0.0], [40.0, 0.0], [90.0, 0.0]])).tolist()]
+    assert 15.0 < peaked[0] <= peaked[1] <= peaked[2] < 17.0
+    assert [feature_of_log_prob(v) for v in (-1e-9, -0.5, -0.7, -3.0)] == sorted(
+        [feature_of_log_prob(v) for v in (-1e-9, -0.5, -0.7, -3.0)], reverse=True)
+    assert feature_of_log_prob(math.log(0.5)) == pytest.approx(0.0, abs=1e-12)
 
-    def torch_formula(x, t):
-        x = x / torch.where(t > 1e-5, t, torch.ones_like(t)).unsqueeze(1)
-        top, idx = x.max(-1, keepdim=True)
-        return (top.squeeze(-1) - torch.logsumexp(x.scatter(-1, idx, float("-inf")), -1)).clamp(-40.0, 40.0)
 
-    got = max_prob_log_odds(logits.bfloat16(), temperature)
-    assert got.dtype == torch.float32
-    assert got.tolist() == pytest.approx(torch_formula(logits.bfloat16().float(), temperature).tolist(), rel=1e-5)
-    assert got[-1] == pytest.approx(40.0 - math.log(VOCAB - 1), abs=1e-3)
+def test_the_runner_hands_over_features_with_the_draft_ids():
+    """``take_draft_token_ids`` attaches one feature row per request it returns, once."""
+    captured = Capture()
+    captured.last = log_max_prob(torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [5.0, 1.0, 0.0]])).reshape(3, 1)
+    drafter = SimpleNamespace(**{ATTR: captured})
+    runner = SimpleNamespace(drafter=drafter)
+    take = confidence._take_draft_token_ids(lambda self: SimpleNamespace(req_ids=["a", "b"]))
+    out = take(runner)
+    p = torch.softmax(torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]]), -1).max(-1).values
+    assert getattr(out, FIELD) == [[pytest.approx(math.log(q / (1 - q)), rel=1e-5)] for q in p.tolist()]
+    assert captured.last is None and not hasattr(take(runner), FIELD)
 
 
 def config(policy="adaptive", confidence=True):
@@ -142,7 +161,7 @@ def test_greedy_drafts_unchanged_and_one_feature_per_draft(proposer):
     assert ids_1.tolist() == logits.argmax(-1).tolist()  # vLLM's greedy drafts, unchanged
     capture.finish(torch.stack([ids_1, ids_2], dim=1))
     assert capture.last.shape == (3, 2)
-    assert capture.last[:, 0].tolist() == pytest.approx(max_prob_log_odds(logits).tolist(), rel=1e-5)
+    assert capture.last[:, 0].tolist() == pytest.approx(log_max_prob(logits).tolist(), rel=1e-5)
 
 
 def test_sampled_drafts_scored_at_the_request_temperature_before_vllm_scales_them(proposer):
@@ -160,7 +179,7 @@ def test_sampled_drafts_scored_at_the_request_temperature_before_vllm_scales_the
     except Exception:  # vLLM's sampler may want more metadata than this bare object has
         pass
     assert capture.rows, "the feature is recorded before vLLM's sampler runs"
-    assert capture.rows[0][0].tolist() == pytest.approx(max_prob_log_odds(logits, temperature).tolist(), rel=1e-5)
+    assert capture.rows[0][0].tolist() == pytest.approx(log_max_prob(logits, temperature).tolist(), rel=1e-5)
 
 
 def test_not_configured_proposer_runs_vllms_code_untouched(proposer):

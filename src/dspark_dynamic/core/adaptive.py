@@ -25,14 +25,17 @@ Model, per phase (reasoning / answer):
 - Learn without losing: while learned costs cannot yet tell depths apart (too few steps, or a
   fit whose standard error is large against its value), every phase keeps its default depth
   (exploration aside, which gives the fit its second depth); with confidences it drafts the
-  default's positions and the gate only chooses which of them to verify.  Once learned, a cost
+  default's positions and the gate only chooses which of them to verify, skipping a draft only
+  if it would not pay even at ``1/PRIOR_SPREAD`` of the prior cost.  Once learned, a cost
   carries a band of one standard error: without confidences, a depth other than the default is
   taken only if it scores better across the whole band (a flat optimum keeps the default).
 - Draft confidences (``confidence``; see confidence.py): once the drafter reports them, each
   step's depths come from the calibrated survival of each request's own drafts (``gate``), and
   ``depth`` only says how many positions to *draft*: position j is drafted while its recent
   gated gain, ``E[max(0, s_j - verify_cost)]``, beats what drafting it costs (a parallel
-  drafter such as DSpark drafts every position for free).
+  drafter such as DSpark drafts every position for free).  A position not drafted has no gated
+  gain to observe: its gain drifts back toward what the phase's rates imply, so it is tried
+  again once rates or costs favour it.
 """
 
 from __future__ import annotations
@@ -172,14 +175,17 @@ class StepCostModel:
 
     Learned: step_seconds ~ t0 + t_req * requests + d * verified_tokens + c * draft_depth, by
     recursive least squares with forgetting, on decode-only steps (the adapter excludes prefill
-    steps and idle time), with residuals clipped at a few mean absolute errors so that a stray
-    slow step on a shared machine does not drag the fit.  ``verified_tokens`` and
+    steps and idle time) after the first ``WARMUP`` (a fresh engine's first steps are slow for
+    reasons no depth explains, and an unclipped early outlier would steer the fit for hundreds
+    of steps), with residuals clipped at a few mean absolute errors so that a stray slow step on
+    a shared machine does not drag the fit.  ``verified_tokens`` and
     ``draft_depth`` move together when one request runs alone; only their sum is needed then.
     """
 
     FEATURES = 4
     MIN_SAMPLES = 50
     CLIP = 3.0
+    WARMUP = 16  # an engine's first decode steps (caches, allocator) say nothing about depth
 
     def __init__(self, verify: float, draft: float, draft_token: float = 0.0, learn: bool = True,
                  forget: float = 0.998) -> None:
@@ -195,6 +201,7 @@ class StepCostModel:
         self.sq_err = 0.0  # recent mean squared residual (for standard errors)
         self._cached: dict[str, Any] = {}  # learned / per_token / split, until the next update
         self.prior_split = verify / (verify + draft_token) if verify + draft_token > 0 else 1.0
+        self.skipped = 0  # warm-up steps not fitted
 
     REFRESH = 8  # updates between refreshes of the derived costs (learned, split, bands)
 
@@ -202,6 +209,9 @@ class StepCostModel:
         """One recursive-least-squares step (written out for the four features: it runs every
         engine step, on the scheduler's critical path)."""
         if not self.learn or num_requests <= 0 or seconds <= 0:
+            return
+        if self.skipped < self.WARMUP:
+            self.skipped += 1
             return
         if self.n % self.REFRESH == 0:
             self._cached.clear()  # costs move slowly: decisions use values at most REFRESH steps old
@@ -267,7 +277,10 @@ class StepCostModel:
         """(verify, draft) cost per token, in units of a depth-0 step per request.
 
         Learned separately once verified drafts and drafted positions have varied apart (a
-        confidence gate verifies fewer than were drafted); else the total split as given.
+        confidence gate verifies fewer than were drafted) and each part's standard error is
+        small against its own value; else the learned total, split as the prior splits it (a
+        part near zero, or one the data cannot pin down, would swing the gate or the drafting
+        decision on noise).
         """
         if "split" not in self._cached:
             self._cached["split"] = self._split()
@@ -277,8 +290,8 @@ class StepCostModel:
         total = self.per_token
         learned = self.learned() if self.learn else None
         if learned is not None:
-            d = self.theta[2]
-            if self._se(2) <= self.MAX_REL_SE * (self.theta[2] + self.theta[3]):
+            d, c = self.theta[2], self.theta[3]
+            if self._se(2) <= self.MAX_REL_SE * d and self._se(3) <= self.MAX_REL_SE * c:
                 v = max(0.0, min(total, d / self._base()))
                 return v, total - v
         return total * self.prior_split, total * (1.0 - self.prior_split)
@@ -449,34 +462,54 @@ class AdaptivePolicy:
     # -- draft confidences ----------------------------------------------------------------
 
     GAIN_RATE = 0.02  # memory of the per-position gated gain (about 50 request-steps)
+    PRIOR_SPREAD = 2.0  # a given (prior) cost may be off by this factor either way
 
     def _draft_depth(self, phase: Phase) -> int:
         """Positions to draft for a request's next step: the leading positions whose gated gain
         beats their drafting cost (unseen ones: the gain the phase's acceptance rates imply)."""
         verify, draft = self.cost.split()
-        if draft <= 0.0:
+        if not self._costs_known():
+            depth = self.defaults[phase]  # learn without losing: draft what the phase default does
+        elif draft <= 0.0:
             depth = self.n  # a parallel drafter drafts every position in one pass
         else:
             gains = self.gains[phase]
-            rates = None
-            survive, depth = 1.0, 0
+            implied = None
+            depth = 0
             for j, gain in enumerate(gains):
-                if gain is None:  # never gated: what the phase's rates imply
-                    rates = rates or self.phase_rates(phase)
-                    survive = 1.0
-                    for a in rates[: j + 1]:
-                        survive *= a
-                    gain = max(0.0, survive - verify)
+                if gain is None:  # never gated
+                    implied = implied or self._implied_gains(phase, verify)
+                    gain = implied[j]
                 if gain <= draft:
                     break
                 depth = j + 1
-        if not self._costs_known():
-            depth = self.defaults[phase]  # learn without losing: draft what the phase default does
+            depth = max(depth, self.min_depth)
+            if depth < self.n:
+                self._relax_gains(phase, depth, verify)
         if depth < self.min_depth:
             depth = self.min_depth
         if self.explore and depth < self.n and self._rng.random() < self.explore:
             depth += 1
         return depth
+
+    def _implied_gains(self, phase: Phase, verify: float) -> list[float]:
+        """Per position, the gain of verifying its draft that the phase's rates imply, with no
+        confidence: ``max(0, survival - verify)`` (a lower bound on the gated gain)."""
+        out, survive = [], 1.0
+        for a in self.phase_rates(phase):
+            survive *= a
+            out.append(survive - verify if survive > verify else 0.0)
+        return out
+
+    def _relax_gains(self, phase: Phase, depth: int, verify: float) -> None:
+        """Positions past ``depth`` are not drafted, so the gate sees none of their drafts: their
+        gains drift back toward what the phase's rates imply at the current costs, so a position
+        dropped on early or stale estimates is drafted again once its rates and costs say so."""
+        gains = self.gains[phase]
+        implied = self._implied_gains(phase, verify)
+        for j in range(depth, self.n):
+            if gains[j] is not None:
+                gains[j] += self.GAIN_RATE * (implied[j] - gains[j])
 
     def gate(self, items: list[tuple[Phase, str, list[float], int]], uniform: str | None = None) -> list[int]:
         """This step's depths from each request's own draft confidences.
@@ -505,15 +538,21 @@ class AdaptivePolicy:
                     offsets = _offsets(context, state.estimate)
             last_offsets[req] = offsets
             s = calibrators[phase].survival(features[:available] if available < len(features) else features, offsets)
-            if draft > 0.0:  # what drafting each position gains (a parallel drafter drafts all anyway)
+            if draft > 0.0 and known:  # what drafting each position gains (a parallel drafter
+                # drafts all anyway; gains against a prior cost would outlive it by ~50 steps)
                 gains = self.gains[phase]
                 for j, sj in enumerate(s):
                     g = sj - verify if sj > verify else 0.0
-                    gains[j] = g if gains[j] is None else gains[j] + self.GAIN_RATE * (g - gains[j])
+                    prev = gains[j]
+                    if prev is None:  # the first gated draft moves the implied gain, not replaces it
+                        prev = self._implied_gains(phase, verify)[j]
+                    gains[j] = prev + self.GAIN_RATE * (g - prev)
             if not known:
                 s = s[: self.defaults[phase]]
             survivals.append(s)
-        depths = admit(survivals, verify, uniform)
+        # learn without losing: a prior cost is trusted within a factor PRIOR_SPREAD, so until
+        # costs are learned a default's draft is skipped only if it does not pay at the low end
+        depths = admit(survivals, verify if known else verify / self.PRIOR_SPREAD, uniform)
         min_depth = self.min_depth
         explore = self.explore if uniform is None else 0.0
         if not min_depth and not explore:

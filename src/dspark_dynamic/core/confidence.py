@@ -45,6 +45,19 @@ def feature_of(max_prob: float) -> float:
     return max(-FEATURE_CLAMP, min(FEATURE_CLAMP, math.log(max_prob / (1.0 - max_prob))))
 
 
+LOG_PROB_RESOLUTION = 2.0 ** -24  # float32 resolves 1 - q* down to about here (log q* near 0)
+
+
+def feature_of_log_prob(log_q: float) -> float:
+    """The feature from ``log q*`` as a float32 log-softmax gives it: ``log q* - log(1 - q*)``,
+    with ``1 - q* = -expm1(log q*)`` floored at float32's resolution, so a row too peaked for
+    float32 to tell from certainty gets about 16.6 (not an infinity), and the feature is monotone
+    in ``log q*``."""
+    one_minus = -math.expm1(log_q) if log_q < 0.0 else 0.0
+    f = log_q - math.log(one_minus if one_minus > LOG_PROB_RESOLUTION else LOG_PROB_RESOLUTION)
+    return -FEATURE_CLAMP if f < -FEATURE_CLAMP else (FEATURE_CLAMP if f > FEATURE_CLAMP else f)
+
+
 def _sigmoid(z: float) -> float:
     if z >= 0:
         return 1.0 / (1.0 + math.exp(-z))

@@ -2,18 +2,22 @@
 ids to the scheduler, handed to the depth controller.
 
 Capture (worker process, ``SpecDecodeBaseProposer``: draft_model, EAGLE/EAGLE3, MTP, DFlash):
-every call that turns draft logits into draft ids records, per row, the log-odds of the draft
-distribution's maximum probability at the request's temperature (``core.confidence``'s
-feature).  It reads the logits the drafter computed anyway (the greedy path computes them once,
-as vLLM does, then takes the argmax); it scores the distribution, never the drawn token.  The
-greedy path's logits are only read by vLLM, so they are kept and scored together at the end of
-``propose`` (one pass per proposal); sampled ones are scored at once, before vLLM scales them
-in place.  The rows become one ``[requests, drafts]`` tensor, left on the device.
+every call that turns draft logits into draft ids records, per row, the log of the draft
+distribution's maximum probability at the request's temperature (``log_max_prob``: one float32
+log-softmax and one max).  It reads the logits the drafter computed anyway (the greedy path
+computes them once, as vLLM does, then takes the argmax); it scores the distribution, never the
+drawn token.  The greedy path's logits are only read by vLLM, so they are kept and scored
+together at the end of ``propose`` (one pass per proposal); sampled ones are scored at once,
+before vLLM scales them in place.  The rows become one ``[requests, drafts]`` tensor, left on
+the device.  Every torch call here runs on the drafter's critical path, and on a CPU testbed
+each one runs cold after the target's step: the capture keeps to two per proposal.
 
 Transport: ``take_draft_token_ids`` (sync scheduling only: vLLM never calls it under async
-scheduling) copies that tensor next to the draft ids it has just copied and attaches it to the
-``DraftTokenIds`` it returns, which the multiprocess executor pickles as it is; the scheduler's
-``update_draft_token_ids`` gives each request's row to the controller.
+scheduling) copies that tensor next to the draft ids it has just copied, turns each value into
+``core.confidence``'s feature (``feature_of_log_prob``: the log-odds of the maximum probability,
+in Python, a few floats per step) and attaches the rows to the ``DraftTokenIds`` it returns,
+which the multiprocess executor pickles as it is; the scheduler's ``update_draft_token_ids``
+gives each request's row to the controller.
 
 Nothing happens unless ``additional_config["dspark_dynamic"]`` asks for ``policy: "adaptive"``
 with ``adaptive.confidence`` on (the default).  A drafter that overrides the sampling calls
@@ -25,14 +29,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from typing import Any
 
 from dspark_dynamic.adapter.build import raw_options
 from dspark_dynamic.adapter.fail_open import FailOpen
 from dspark_dynamic.adapter.patches.scheduler import GUARD as SCHEDULER_GUARD
 from dspark_dynamic.adapter.patching import Patch, Where
-from dspark_dynamic.core.confidence import FEATURE_CLAMP
+from dspark_dynamic.core.confidence import FEATURE_CLAMP, feature_of_log_prob
 from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options
 
 logger = logging.getLogger("vllm.dspark_dynamic")
@@ -58,59 +61,48 @@ def confidence_wanted(vllm_config: Any) -> bool:
     return options.policy == "adaptive" and options.adaptive.confidence
 
 
-def max_prob_log_odds(logits: Any, temperature: Any = None) -> Any:
-    """Per row: ``log(q*/(1-q*))`` of ``softmax(logits / T)`` (T <= eps: unscaled), clamped.
-
-    Computed as ``max - logsumexp(the other logits)``, so a peaked row keeps its exact log-odds
-    (summing probabilities including q* would round ``1 - q*`` to 0 in float32).  Small logits on
-    the CPU are scored with numpy (a handful of array operations instead of torch's per-op
-    dispatch, which costs more than the arithmetic there; large ones keep torch's threads); on an
-    accelerator the torch ops stay asynchronous, and nothing waits for them before the draft ids
-    are copied.
-    """
-    if logits.device.type == "cpu" and logits.numel() <= _HOST_MAX_NUMEL:
-        return _max_prob_log_odds_host(logits, temperature)
+def _scaled(logits: Any, temperature: Any) -> Any:
+    """``logits / T`` per row (T <= eps: unscaled; parallel drafting: K rows per request,
+    request-major, share the request's T); the logits themselves when all are greedy."""
+    if temperature is None:
+        return logits
     import torch
 
-    x = logits.float()
-    if temperature is not None:
-        t = temperature.float()
-        if t.shape[0] != x.shape[0]:  # parallel drafting: K rows per request, request-major
-            t = t.repeat_interleave(x.shape[0] // t.shape[0])
-        x = x / torch.where(t > _GREEDY_EPS, t, torch.ones_like(t)).unsqueeze(1)
+    t = temperature.float()
+    if t.shape[0] != logits.shape[0]:
+        t = t.repeat_interleave(logits.shape[0] // t.shape[0])
+    return logits.float() / torch.where(t > _GREEDY_EPS, t, torch.ones_like(t)).unsqueeze(1)
+
+
+def log_max_prob(logits: Any, temperature: Any = None) -> Any:
+    """Per row: ``log max softmax(logits / T)`` in float32 (``feature_of_log_prob`` turns it into
+    the feature).  Float32 resolves ``1 - q*`` down to ~6e-8, so features above ~16 saturate;
+    ``max_prob_log_odds`` is exact there and costs more calls."""
+    import torch
+
+    return torch.log_softmax(_scaled(logits, temperature), dim=-1, dtype=torch.float32).max(dim=-1).values
+
+
+def max_prob_log_odds(logits: Any, temperature: Any = None) -> Any:
+    """Per row: ``log(q*/(1-q*))`` of ``softmax(logits / T)`` (T <= eps: unscaled), clamped, as
+    one tensor op chain (Model Runner V2 computes it inside the captured draft step).
+
+    Computed as ``max - logsumexp(the other logits)``, so a peaked row keeps its exact log-odds
+    (summing probabilities including q* would round ``1 - q*`` to 0 in float32).
+    """
+    import torch
+
+    x = _scaled(logits, temperature).float()
     top, idx = x.max(dim=-1, keepdim=True)
     others = x.scatter(-1, idx, float("-inf"))
     return (top.squeeze(-1) - torch.logsumexp(others, dim=-1)).clamp(-FEATURE_CLAMP, FEATURE_CLAMP)
 
 
-def _max_prob_log_odds_host(logits: Any, temperature: Any) -> Any:
-    """``max_prob_log_odds`` for CPU tensors: ``-log(sum_{i != argmax} exp(x_i - max))``."""
-    import numpy as np
-    import torch
-
-    x = logits.detach().float().numpy()  # may share memory with ``logits``: never written
-    if temperature is not None:
-        t = temperature.detach().float().numpy()
-        if t.shape[0] != x.shape[0]:  # parallel drafting: K rows per request, request-major
-            t = np.repeat(t, x.shape[0] // t.shape[0])
-        x = x / np.where(t > _GREEDY_EPS, t, np.float32(1.0))[:, None]
-    rows = np.arange(x.shape[0])
-    idx = x.argmax(axis=-1)
-    e = np.exp(x - x[rows, idx][:, None])
-    e[rows, idx] = 0.0  # the others only: exact for a peaked row
-    # each e <= 1, so -log(sum) >= -log(vocab) > -FEATURE_CLAMP: only the upper clamp can bind
-    return torch.from_numpy(-np.log(np.maximum(e.sum(axis=-1), _MIN_OTHERS)))
-
-
-_MIN_OTHERS = math.exp(-FEATURE_CLAMP)
-_HOST_MAX_NUMEL = 1 << 18  # larger CPU logits (a real vocabulary times several rows): torch
-
-
 class Capture:
-    """One proposer's features: the rows of the ``propose`` call in progress, then the last
-    proposal's ``[requests, drafts]`` tensor until the runner takes it.
+    """One proposer's scores (``log_max_prob``): the rows of the ``propose`` call in progress,
+    then the last proposal's ``[requests, drafts]`` tensor until the runner takes it.
 
-    A row is either a feature vector (scored at once: vLLM scales those logits in place next) or
+    A row is either a score vector (scored at once: vLLM scales those logits in place next) or
     logits nobody writes again (the greedy path), kept by reference and scored together at
     ``finish``: one scoring pass per proposal instead of one per draft position."""
 
@@ -124,7 +116,7 @@ class Capture:
     def record(self, logits: Any) -> None:
         """Score logits that vLLM is about to modify in place."""
         if self.rows is not None:
-            self.rows.append((max_prob_log_odds(logits, self.temperature), False))
+            self.rows.append((log_max_prob(logits, self.temperature), False))
 
     def keep(self, logits: Any) -> None:
         """Keep logits that stay untouched until ``finish`` (scored there)."""
@@ -143,14 +135,14 @@ class Capture:
         if len(rows) == drafts and all(r.shape[0] == reqs for r, _ in rows):  # one call per position
             if all(raw for _, raw in rows) and len({r.shape for r, _ in rows}) == 1:
                 stacked = rows[0][0].unsqueeze(1) if drafts == 1 else torch.stack([r for r, _ in rows], dim=1)
-                features = max_prob_log_odds(stacked.reshape(reqs * drafts, -1), self.temperature)
-                self.last = features.reshape(reqs, drafts)
+                scores = log_max_prob(stacked.reshape(reqs * drafts, -1), self.temperature)
+                self.last = scores.reshape(reqs, drafts)
             else:
-                scored = [max_prob_log_odds(r, self.temperature) if raw else r for r, raw in rows]
+                scored = [log_max_prob(r, self.temperature) if raw else r for r, raw in rows]
                 self.last = torch.stack([f.reshape(reqs) for f in scored], dim=1)
         elif len(rows) == 1 and rows[0][0].shape[0] == reqs * drafts:  # parallel drafting: all at once
             r, raw = rows[0]
-            self.last = (max_prob_log_odds(r, self.temperature) if raw else r).reshape(reqs, drafts)
+            self.last = (log_max_prob(r, self.temperature) if raw else r).reshape(reqs, drafts)
 
 
 def _attach(proposer: Any) -> None:
@@ -235,7 +227,7 @@ def _take_draft_token_ids(original):
             last, capture.last = capture.last, None
             n = len(out.req_ids)
             if last.shape[0] >= n:
-                setattr(out, FIELD, last[:n].cpu().tolist())
+                setattr(out, FIELD, [[feature_of_log_prob(v) for v in row] for row in last[:n].cpu().tolist()])
         except Exception as exc:
             GUARD.trip(drafter, where, exc)
         return out
