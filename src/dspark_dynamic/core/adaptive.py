@@ -33,9 +33,9 @@ Model, per phase (reasoning / answer):
   step's depths come from the calibrated survival of each request's own drafts (``gate``), and
   ``depth`` only says how many positions to *draft*: position j is drafted while its recent
   gated gain, ``E[max(0, s_j - verify_cost)]``, beats what drafting it costs (a parallel
-  drafter such as DSpark drafts every position for free).  A position not drafted has no gated
-  gain to observe: its gain drifts back toward what the phase's rates imply, so it is tried
-  again once rates or costs favour it.
+  drafter such as DSpark drafts every position for free).  A position's gain starts from what
+  the phase's rates imply and moves with each gated draft; exploration drafts one more position
+  now and then, so a position dropped is measured again.
 """
 
 from __future__ import annotations
@@ -483,9 +483,6 @@ class AdaptivePolicy:
                 if gain <= draft:
                     break
                 depth = j + 1
-            depth = max(depth, self.min_depth)
-            if depth < self.n:
-                self._relax_gains(phase, depth, verify)
         if depth < self.min_depth:
             depth = self.min_depth
         if self.explore and depth < self.n and self._rng.random() < self.explore:
@@ -500,16 +497,6 @@ class AdaptivePolicy:
             survive *= a
             out.append(survive - verify if survive > verify else 0.0)
         return out
-
-    def _relax_gains(self, phase: Phase, depth: int, verify: float) -> None:
-        """Positions past ``depth`` are not drafted, so the gate sees none of their drafts: their
-        gains drift back toward what the phase's rates imply at the current costs, so a position
-        dropped on early or stale estimates is drafted again once its rates and costs say so."""
-        gains = self.gains[phase]
-        implied = self._implied_gains(phase, verify)
-        for j in range(depth, self.n):
-            if gains[j] is not None:
-                gains[j] += self.GAIN_RATE * (implied[j] - gains[j])
 
     def gate(self, items: list[tuple[Phase, str, list[float], int]], uniform: str | None = None) -> list[int]:
         """This step's depths from each request's own draft confidences.
