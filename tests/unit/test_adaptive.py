@@ -452,7 +452,7 @@ def _logit_of(p: float) -> float:
 
 
 def test_one_doubtful_draft_does_not_stop_a_sequential_drafter():
-    """A position's gated gain starts from what the phase's rates imply: the first gated draft
+    """A position's gated gain starts from the most the phase's rates allow: the first gated draft
     moves it, it does not replace it (one doubtful draft right after costs were learned used to
     stop the narrow testbed drafting for ~40 steps)."""
     policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=False, explore=0.0, prior_weight=5.0,
@@ -462,6 +462,27 @@ def test_one_doubtful_draft_does_not_stop_a_sequential_drafter():
     policy.calibrators[R].theta = [1.0, 0.0, 0.0]
     policy.gate([(R, "a", [-8.0, -8.0], 2)])  # one draft the calibrator calls hopeless
     assert policy.depth(R, "a") >= 1
+
+
+def test_a_deeper_position_is_drafted_until_its_gated_gain_is_measured():
+    """Rates of 0.5 per position and a verify cost of 0.36: the rates alone say a second draft is
+    never worth verifying (0.25 < 0.36), yet gated on confidences it may be (sure drafts survive
+    ~1).  It is drafted until gated drafts say what it gains, then kept or dropped on that."""
+    def policy_after(features: list[float]) -> AdaptivePolicy:
+        policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=False, explore=0.0, prior_weight=5.0,
+                                verify_cost_ratio=0.36 * 1.04, draft_token_cost_ratio=0.1 * 1.04)
+        for i in range(100):
+            policy.observe(R, 2, (2, 0, 1, 0)[i % 4], "a")  # ~0.5 at each position
+        policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+        assert policy.cost.split() == (pytest.approx(0.36), pytest.approx(0.1))
+        policy.confidence_seen = True  # confidences flow, none gated yet
+        assert policy.depth(R, "a") == 2  # not yet measured: drafted
+        for _ in range(300):
+            policy.gate([(R, "a", features, 2)])
+        return policy
+
+    assert policy_after([6.0, 6.0]).depth(R, "a") == 2  # sure drafts: the second one pays
+    assert policy_after([6.0, -6.0]).depth(R, "a") == 1  # a hopeless second draft: dropped
 
 
 def test_cost_model_skips_an_engines_first_steps():

@@ -33,9 +33,9 @@ Model, per phase (reasoning / answer):
   step's depths come from the calibrated survival of each request's own drafts (``gate``), and
   ``depth`` only says how many positions to *draft*: position j is drafted while its recent
   gated gain, ``E[max(0, s_j - verify_cost)]``, beats what drafting it costs (a parallel
-  drafter such as DSpark drafts every position for free).  A position's gain starts from what
-  the phase's rates imply and moves with each gated draft; exploration drafts one more position
-  now and then, so a position dropped is measured again.
+  drafter such as DSpark drafts every position for free).  A position's gain starts from the
+  most the phase's rates allow (optimistic: it is drafted and measured before it is dropped)
+  and moves with each gated draft; exploration drafts one more position now and then.
 """
 
 from __future__ import annotations
@@ -466,7 +466,7 @@ class AdaptivePolicy:
 
     def _draft_depth(self, phase: Phase) -> int:
         """Positions to draft for a request's next step: the leading positions whose gated gain
-        beats their drafting cost (unseen ones: the gain the phase's acceptance rates imply)."""
+        beats their drafting cost (unseen ones: the most the phase's acceptance rates allow)."""
         verify, draft = self.cost.split()
         if not self._costs_known():
             depth = self.defaults[phase]  # learn without losing: draft what the phase default does
@@ -478,7 +478,7 @@ class AdaptivePolicy:
             depth = 0
             for j, gain in enumerate(gains):
                 if gain is None:  # never gated
-                    implied = implied or self._implied_gains(phase, verify)
+                    implied = implied or self._first_gains(phase, verify)
                     gain = implied[j]
                 if gain <= draft:
                     break
@@ -489,13 +489,14 @@ class AdaptivePolicy:
             depth += 1
         return depth
 
-    def _implied_gains(self, phase: Phase, verify: float) -> list[float]:
-        """Per position, the gain of verifying its draft that the phase's rates imply, with no
-        confidence: ``max(0, survival - verify)`` (a lower bound on the gated gain)."""
+    def _first_gains(self, phase: Phase, verify: float) -> list[float]:
+        """Per position, the gain a position starts from before its first gated draft: the most
+        its gated gain can be at the phase's rates, ``survival * (1 - verify)`` (drafts either
+        sure or hopeless), so every position is drafted and measured before it is dropped."""
         out, survive = [], 1.0
         for a in self.phase_rates(phase):
             survive *= a
-            out.append(survive - verify if survive > verify else 0.0)
+            out.append(survive * (1.0 - verify) if verify < 1.0 else 0.0)
         return out
 
     def gate(self, items: list[tuple[Phase, str, list[float], int]], uniform: str | None = None) -> list[int]:
@@ -531,8 +532,8 @@ class AdaptivePolicy:
                 for j, sj in enumerate(s):
                     g = sj - verify if sj > verify else 0.0
                     prev = gains[j]
-                    if prev is None:  # the first gated draft moves the implied gain, not replaces it
-                        prev = self._implied_gains(phase, verify)[j]
+                    if prev is None:  # the first gated draft moves the starting gain, not replaces it
+                        prev = self._first_gains(phase, verify)[j]
                     gains[j] = prev + self.GAIN_RATE * (g - prev)
             if not known:
                 s = s[: self.defaults[phase]]
