@@ -485,6 +485,24 @@ def test_a_deeper_position_is_drafted_until_its_gated_gain_is_measured():
     assert policy_after([6.0, -6.0]).depth(R, "a") == 1  # a hopeless second draft: dropped
 
 
+def test_gains_measured_at_a_passing_verify_cost_do_not_stop_drafting_after_it():
+    """The narrow testbed's requests 1-3: right after costs were learned the verify cost read 0.77
+    of a step for a while; sure drafts (survival 0.9) then gained only 0.13, under the drafting
+    cost, so nothing was drafted, no gain was measured again, and the stale gain kept drafting
+    off after the cost fell to 0.2.  The gain is corrected to the current verify cost."""
+    policy = AdaptivePolicy(2, {R: 2, A: 2}, learn_cost=False, explore=0.0, prior_weight=5.0,
+                            verify_cost_ratio=0.77, draft_cost_ratio=0.0, draft_token_cost_ratio=0.31)
+    policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+    sure = _logit_of(0.9 ** 0.5)  # survival 0.95 at the first position, 0.9 at the second
+    for _ in range(300):
+        policy.gate([(R, "a", [sure, sure], 2)])
+    assert policy.cost.split() == (pytest.approx(0.77), pytest.approx(0.31))
+    assert policy.depth(R, "a") == 0  # at this cost, drafting does not pay
+    policy.cost.prior, policy.cost.prior_split = 0.37, 0.2 / 0.37  # the cost falls: 0.2 / 0.17
+    policy.cost._cached.clear()
+    assert policy.depth(R, "a") == 2
+
+
 def test_cost_model_skips_an_engines_first_steps():
     """A fresh engine's first steps are slow whatever the depth (here: 5x, at the default depth 1,
     before the gate's first depth-0 steps): fitted, they delay the fit and leave it overpricing a

@@ -317,6 +317,33 @@ class StepCostModel:
         return self.prior if learned is None else learned
 
 
+class GatedGain:
+    """A position's gated gain ``E[max(0, s - v)]`` over its recent drafts' survivals ``s``, kept
+    usable when the verify cost ``v`` moves (it is learned, and early estimates swing): with the
+    share of drafts above ``v`` and the mean ``v`` they were measured at, ``at(v')`` corrects to
+    first order, ``gain - share * (v' - v)``, a lower bound on the gain at ``v'``.  (Stored
+    against one ``v`` only, a gain measured while ``v`` was briefly high stayed low after it fell,
+    and a position not drafted is never measured again.)"""
+
+    __slots__ = ("gain", "share", "verify")
+
+    def __init__(self, gain: float, share: float, verify: float) -> None:
+        self.gain, self.share, self.verify = gain, share, verify
+
+    def add(self, survival: float, verify: float, rate: float) -> None:
+        if survival > verify:
+            self.gain += rate * (survival - verify - self.gain)
+            self.share += rate * (1.0 - self.share)
+        else:
+            self.gain -= rate * self.gain
+            self.share -= rate * self.share
+        self.verify += rate * (verify - self.verify)
+
+    def at(self, verify: float) -> float:
+        g = self.gain - self.share * (verify - self.verify)
+        return g if g > 0.0 else 0.0
+
+
 @dataclass
 class _RequestState:
     estimate: AcceptanceEstimate
@@ -360,7 +387,7 @@ class AdaptivePolicy:
         # draft confidences: None = off; calibrators start learning when the first ones arrive
         self.calibrators = {p: ConfidenceCalibrator(self.n) for p in Phase} if confidence else None
         self.confidence_seen = False
-        self.gains: dict[Phase, list[float | None]] = {p: [None] * self.n for p in Phase}
+        self.gains: dict[Phase, list[GatedGain | None]] = {p: [None] * self.n for p in Phase}
         self.offsets: dict[str, list[float]] = {}  # per request: the log-odds offsets of its last gate
 
     @classmethod
@@ -473,14 +500,11 @@ class AdaptivePolicy:
         elif draft <= 0.0:
             depth = self.n  # a parallel drafter drafts every position in one pass
         else:
-            gains = self.gains[phase]
-            implied = None
             depth = 0
-            for j, gain in enumerate(gains):
-                if gain is None:  # never gated
-                    implied = implied or self._first_gains(phase, verify)
-                    gain = implied[j]
-                if gain <= draft:
+            for j, record in enumerate(self.gains[phase]):
+                if record is None:  # never gated
+                    record = self._first_gain(phase, verify, j)
+                if record.at(verify) <= draft:
                     break
                 depth = j + 1
         if depth < self.min_depth:
@@ -489,15 +513,14 @@ class AdaptivePolicy:
             depth += 1
         return depth
 
-    def _first_gains(self, phase: Phase, verify: float) -> list[float]:
-        """Per position, the gain a position starts from before its first gated draft: the most
-        its gated gain can be at the phase's rates, ``survival * (1 - verify)`` (drafts either
-        sure or hopeless), so every position is drafted and measured before it is dropped."""
-        out, survive = [], 1.0
-        for a in self.phase_rates(phase):
+    def _first_gain(self, phase: Phase, verify: float, position: int) -> "GatedGain":
+        """What a position's gain starts from before its first gated draft: the most it can be at
+        the phase's rates (its drafts either sure or hopeless: ``survival * (1 - verify)``), so
+        every position is drafted and measured before it is dropped."""
+        survive = 1.0
+        for a in self.phase_rates(phase)[: position + 1]:
             survive *= a
-            out.append(survive * (1.0 - verify) if verify < 1.0 else 0.0)
-        return out
+        return GatedGain(survive * (1.0 - verify) if verify < 1.0 else 0.0, survive, verify)
 
     def gate(self, items: list[tuple[Phase, str, list[float], int]], uniform: str | None = None) -> list[int]:
         """This step's depths from each request's own draft confidences.
@@ -530,11 +553,10 @@ class AdaptivePolicy:
                 # drafts all anyway; gains against a prior cost would outlive it by ~50 steps)
                 gains = self.gains[phase]
                 for j, sj in enumerate(s):
-                    g = sj - verify if sj > verify else 0.0
-                    prev = gains[j]
-                    if prev is None:  # the first gated draft moves the starting gain, not replaces it
-                        prev = self._first_gains(phase, verify)[j]
-                    gains[j] = prev + self.GAIN_RATE * (g - prev)
+                    record = gains[j]
+                    if record is None:  # the first gated draft moves the starting gain, not replaces it
+                        record = gains[j] = self._first_gain(phase, verify, j)
+                    record.add(sj, verify, self.GAIN_RATE)
             if not known:
                 s = s[: self.defaults[phase]]
             survivals.append(s)
