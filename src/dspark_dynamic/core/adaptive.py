@@ -502,9 +502,11 @@ class AdaptivePolicy:
         else:
             depth = 0
             for j, record in enumerate(self.gains[phase]):
-                if record is None:  # never gated
-                    record = self._first_gain(phase, verify, j)
-                if record.at(verify) <= draft:
+                if record is None:  # never gated: the most the phase's rates allow
+                    gain = self._rate_survival(phase, j) * (1.0 - verify) if verify < 1.0 else 0.0
+                else:
+                    gain = record.at(verify)
+                if gain <= draft:
                     break
                 depth = j + 1
         if depth < self.min_depth:
@@ -513,13 +515,18 @@ class AdaptivePolicy:
             depth += 1
         return depth
 
-    def _first_gain(self, phase: Phase, verify: float, position: int) -> "GatedGain":
-        """What a position's gain starts from before its first gated draft: the most it can be at
-        the phase's rates (its drafts either sure or hopeless: ``survival * (1 - verify)``), so
-        every position is drafted and measured before it is dropped."""
+    def _rate_survival(self, phase: Phase, position: int) -> float:
+        """The phase's rates' chance that drafts 1..position+1 are all accepted."""
         survive = 1.0
         for a in self.phase_rates(phase)[: position + 1]:
             survive *= a
+        return survive
+
+    def _first_gain(self, phase: Phase, verify: float, position: int) -> GatedGain:
+        """What a position's gain starts from before its first gated draft: the most it can be at
+        the phase's rates (its drafts either sure or hopeless: ``survival * (1 - verify)``), so
+        every position is drafted and measured before it is dropped."""
+        survive = self._rate_survival(phase, position)
         return GatedGain(survive * (1.0 - verify) if verify < 1.0 else 0.0, survive, verify)
 
     def gate(self, items: list[tuple[Phase, str, list[float], int]], uniform: str | None = None) -> list[int]:
