@@ -3,8 +3,8 @@
 
 Drives ``DepthController`` exactly as the scheduler hook does (set_confidences for policies that
 gate on draft confidences, before_schedule, then plan_drafts, after_output with the step's
-counts, which calibrates the confidences) over fake requests, and prints microseconds per
-request-step.  Target: < 20 us.  Pure Python; no vLLM needed.  With torch installed it also
+counts, which calibrates the confidences, and a step time, which the cost model fits) over fake
+requests, and prints microseconds per request-step.  Target: < 20 us.  Pure Python; no vLLM needed.  With torch installed it also
 prints the worker-side capture cost per step (the confidence feature over a step's draft logits,
 for the testbed's vocabulary and DeepSeek-V4's).  Marker sets: DeepSeek-V4's
 single tokens (the fast path), and gpt-oss harmony's three-token channel headers (sequences
@@ -21,7 +21,7 @@ import math
 import random
 import time
 
-from dspark_dynamic.core.controller import DepthController
+from dspark_dynamic.core.controller import DepthController, StepTiming
 from dspark_dynamic.core.phase import Phase, PhaseRules, RequestPhase
 from dspark_dynamic.core.policy import BatchDepth, PhasePolicy
 from dspark_dynamic.testing.fakes import FakeRequest as Req
@@ -94,8 +94,11 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
         counted = {r.request_id: (len(r.spec_token_ids), _accepted(fate, len(r.spec_token_ids)))
                    for r, fate in zip(reqs, fates) if r.spec_token_ids}
         tokens = {r.request_id: 1 + counted.get(r.request_id, (0, 0))[1] for r in reqs}
+        verified = sum(v for v, _ in counted.values())  # a step time for the cost model to fit
+        timing = StepTiming(0.010 + 0.001 * len(reqs) + 0.004 * verified + (0.002 if verified else 0.0)
+                            + rng.gauss(0.0, 0.0005), True, len(reqs), max(map(len, features)))
         t0 = time.perf_counter()
-        ctl.after_output(decisions, counted, tokens)
+        ctl.after_output(decisions, counted, tokens, timing)
         elapsed += time.perf_counter() - t0
     return elapsed / (steps * num_requests) * 1e6
 

@@ -539,3 +539,51 @@ def test_cost_split_is_learned_only_where_each_part_is_pinned_down():
     total = vague.learned()
     assert total is not None
     assert vague.split() == (pytest.approx(total * 0.5 / 0.7), pytest.approx(total * 0.2 / 0.7))
+
+
+def _draft_model_steps(model_or_policy, f_ms: float, zero_share: float, steps: int = 800) -> None:
+    """The testbed's draft_model steps: 12.7 ms at depth 0, +1.8 ms per drafted position, +4.8 ms
+    per verified draft and ``f_ms`` once when any draft is verified; ``zero_share`` of the steps
+    verify nothing."""
+    rng = random.Random(5)
+    update = getattr(model_or_policy, "observe_step", None) or model_or_policy.update
+    for _ in range(steps):
+        drafted = rng.choice([1, 2])
+        verified = 0 if rng.random() < zero_share else rng.choice([1, drafted])
+        seconds = (12.7 + 1.8 * drafted + 4.8 * verified + (f_ms if verified else 0.0) + rng.gauss(0, 0.5)) / 1000
+        update(seconds, verified, 1, drafted)
+
+
+def test_cost_model_learns_what_a_step_pays_once_for_verifying_any_draft():
+    stepped = StepCostModel(0.5, 0.04, 0.2)
+    _draft_model_steps(stepped, f_ms=2.2, zero_share=0.3)
+    assert stepped.fixed == pytest.approx(2.2 / 12.7, abs=0.03)
+    assert stepped.split() == (pytest.approx(4.8 / 12.7, abs=0.02), pytest.approx(1.8 / 12.7, abs=0.02))
+    linear = StepCostModel(0.5, 0.04, 0.2)  # no step term in the data: none in the model
+    _draft_model_steps(linear, f_ms=0.0, zero_share=0.3)
+    assert linear.fixed == 0.0 and linear.split()[0] == pytest.approx(4.8 / 12.7, abs=0.02)
+    always = StepCostModel(0.5, 0.04, 0.2)  # every step verifies: f and t0 cannot be told apart
+    _draft_model_steps(always, f_ms=2.2, zero_share=0.0)
+    assert always.fixed == 0.0 and always.learned() is not None
+
+
+def test_a_sequential_drafter_stops_drafting_where_the_first_verified_draft_does_not_pay():
+    """draft_model on the testbed: a lone draft that survives 0.6 gains 0.6 - 0.38 = 0.22 of a
+    step at the linear verify cost, more than the 0.14 drafting it costs; with the 0.17 the step
+    pays for verifying at all it gains 0.05 and is not worth drafting.  Sure drafts still are."""
+    def policy_after(f_ms: float, survival: float) -> AdaptivePolicy:
+        policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0)
+        _draft_model_steps(policy, f_ms, zero_share=0.3)
+        policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+        for _ in range(300):
+            policy.gate([(R, "a", [_logit_of(survival), -8.0], 2)])
+        return policy
+
+    linear = policy_after(0.0, 0.6)
+    assert linear.depth(R, "a") == 1
+    stepped = policy_after(2.2, 0.6)
+    assert stepped.cost.fixed > 0.1 and stepped.depth(R, "a") == 0
+    middling = [_logit_of(0.5), -8.0]  # verified alone it returns 1.5 tokens for 1.38 or 1.55
+    assert linear.gate([(R, "a", middling, 2)]) == [1] and stepped.gate([(R, "a", middling, 2)]) == [0]
+    assert policy_after(2.2, 0.95).depth(R, "a") == 1
+

@@ -96,11 +96,11 @@ def test_feature_is_the_log_odds_of_the_max_probability():
     assert feature_of(1.0) == 40.0 and feature_of(0.0) == -40.0
 
 
-def brute_force(survivals, v):
+def brute_force(survivals, v, fixed=0.0):
     best, best_ratio = None, -1.0
     for ks in itertools.product(*(range(len(s) + 1) for s in survivals)):
         tokens = len(survivals) + sum(sum(s[:k]) for s, k in zip(survivals, ks))
-        ratio = tokens / (len(survivals) + v * sum(ks))
+        ratio = tokens / (len(survivals) + v * sum(ks) + (fixed if sum(ks) else 0.0))
         if ratio > best_ratio + 1e-12:
             best, best_ratio = list(ks), ratio
     return best, best_ratio
@@ -122,6 +122,35 @@ def test_admission_maximises_tokens_per_cost(seed):
     tokens = len(survivals) + sum(sum(s[:k]) for s, k in zip(survivals, got))
     assert tokens / (len(survivals) + v * sum(got)) == pytest.approx(best_ratio)
     assert all(0 <= k <= len(s) for k, s in zip(got, survivals))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_admission_with_a_step_term_maximises_tokens_per_cost(seed):
+    """A step that verifies any draft pays ``fixed`` once (draft_model on the testbed): the
+    admitted set is still the best one, whether it is empty, one request's or shared."""
+    rng = random.Random(100 + seed)
+    survivals = []
+    for _ in range(rng.randint(1, 4)):
+        s, row = 1.0, []
+        for _ in range(rng.randint(0, 3)):
+            s *= rng.random() ** 0.5
+            row.append(s)
+        survivals.append(row)
+    v, fixed = rng.uniform(0.05, 0.8), rng.uniform(0.0, 1.0)
+    got = admit(survivals, v, fixed=fixed)
+    _, best_ratio = brute_force(survivals, v, fixed)
+    tokens = len(survivals) + sum(sum(s[:k]) for s, k in zip(survivals, got))
+    cost = len(survivals) + v * sum(got) + (fixed if sum(got) else 0.0)
+    assert tokens / cost == pytest.approx(best_ratio)
+
+
+def test_a_step_term_stops_a_lone_middling_draft_but_is_shared_across_a_batch():
+    assert admit([[0.5]], 0.38) == [1]
+    assert admit([[0.5]], 0.38, fixed=0.17) == [0]  # 1.5 tokens for 1.55: not worth it
+    assert admit([[0.5], [0.5]], 0.38, fixed=0.17) == [1, 1]  # 3 tokens for 2.93
+    assert admit([[0.5], [0.5]], 0.38, uniform="max", fixed=0.17) == [1, 1]
+    assert admit([[0.5]], 0.38, uniform="max", fixed=0.17) == [0]
+    assert admit([[0.9, 0.81]], 0.38, fixed=0.17) == [2]
 
 
 def test_admission_single_request_threshold():

@@ -14,9 +14,10 @@ Model, per phase (reasoning / answer):
 - Expected tokens of a step at depth k: ``E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i``.
 - Cost of a step at depth k, in units of a plain decode step:
   ``C(k) = 1 + draft_cost_ratio + verify_cost_ratio * k``.  The drafter runs whatever k the
-  controller picks, so k = 0 still pays ``draft_cost_ratio``.  With ``learn_cost`` the ratio
-  ``verify_cost_ratio`` is refitted from measured engine-step times vs verified tokens
-  (recursive least squares with forgetting) once the data spans several depths.
+  controller picks, so k = 0 still pays ``draft_cost_ratio``.  With ``learn_cost`` the costs
+  are refitted from measured engine-step times (least squares with forgetting, see
+  ``StepCostModel``) once the data spans several depths, with a step term ``f`` (what a step
+  pays once for verifying any draft) when the data shows one: ``C(k) = 1 + c*k + f*[k > 0]``.
 - The chosen depth maximises ``E(k) / C(k)`` over ``[min_depth, N]``, with hysteresis: a request
   moves from its current depth only for a relative gain above ``hysteresis``.  Until a phase has
   ``prior_weight`` observations the phase defaults (``reasoning_depth`` / ``answer_depth``) apply.
@@ -153,15 +154,73 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return total
 
 
-def best_depth(rates: list[float], lo: int, hi: int, per_token: float) -> tuple[int, list[float]]:
+def best_depth(rates: list[float], lo: int, hi: int, per_token: float, fixed: float = 0.0) -> tuple[int, list[float]]:
     """The k in [lo, hi] maximising tokens per unit cost, and every k's score.
 
     ``per_token``: what one more verified (and drafted) draft adds to a step's cost, relative to
-    a step at depth 0 (see ``CostModel.per_token``).
+    a step at depth 0 (see ``StepCostModel.per_token``); ``fixed``: what any k > 0 pays once on
+    top (``StepCostModel.fixed``, this request's share).
     """
-    scores = [expected_tokens(rates, k) / (1.0 + per_token * k) for k in range(hi + 1)]
+    scores = [expected_tokens(rates, k) / (1.0 + per_token * k + (fixed if k else 0.0)) for k in range(hi + 1)]
     k = max(range(lo, hi + 1), key=lambda i: scores[i])
     return k, scores
+
+
+def _inverse(a: list[list[float]]) -> list[list[float]] | None:
+    """Inverse of a small symmetric positive-definite matrix (Gauss-Jordan in place, no pivoting:
+    an SPD matrix needs none); None if a pivot vanishes."""
+    n = len(a)
+    m = [row[:] for row in a]
+    for c in range(n):
+        rc = m[c]
+        pivot = rc[c]
+        if not pivot > 1e-300:
+            return None
+        inv_p = 1.0 / pivot
+        for j in range(n):
+            rc[j] *= inv_p
+        rc[c] = inv_p
+        for r in range(n):
+            if r != c:
+                rr = m[r]
+                f = rr[c]
+                if f:
+                    for j in range(n):
+                        rr[j] -= f * rc[j]
+                    rr[c] = -f * inv_p
+    return m
+
+
+class _Fit:
+    """Weighted least squares on the first ``size`` features of shared statistics: the
+    coefficients, their covariance scale ``(X'WX)^-1`` and the weighted mean squared residual."""
+
+    __slots__ = ("size", "theta", "p", "sq_err")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.theta = [0.0] * size
+        self.p: list[list[float]] | None = None
+        self.sq_err = 0.0
+
+    def solve(self, xx: list[list[float]], xy: list[float], yy: float, weight: float, ridge: float) -> None:
+        """``xx``, ``xy``, ``yy``: weighted sums of x x^T, x y and y^2; ``weight``: of 1."""
+        k = self.size
+        a = [[xx[i][j] + (ridge if i == j else 0.0) for j in range(k)] for i in range(k)]
+        p = _inverse(a)
+        if p is None:
+            return
+        self.p = p
+        theta = self.theta = [sum(p[i][j] * xy[j] for j in range(k)) for i in range(k)]
+        sse = yy - sum(t * b for t, b in zip(theta, xy[:k]))  # at the optimum: y'Wy - theta'X'Wy
+        self.sq_err = max(sse, 0.0) / max(weight - k, 1.0)
+
+    def se(self, *idx: int) -> float:
+        """Standard error of the sum of the coefficients ``idx``."""
+        if self.p is None:
+            return math.inf
+        var = sum(self.p[i][j] for i in idx for j in idx) * self.sq_err
+        return math.sqrt(max(var, 0.0))
 
 
 class StepCostModel:
@@ -173,105 +232,134 @@ class StepCostModel:
     such as DSpark, whose one pass drafts every position; > 0 for a sequential one such as
     draft_model or EAGLE, one forward per position).
 
-    Learned: step_seconds ~ t0 + t_req * requests + d * verified_tokens + c * draft_depth, by
-    recursive least squares with forgetting, on decode-only steps (the adapter excludes prefill
-    steps and idle time) after the first ``WARMUP`` (a fresh engine's first steps are slow for
-    reasons no depth explains, and an unclipped early outlier would steer the fit for hundreds
-    of steps), with residuals clipped at a few mean absolute errors so that a stray slow step on
-    a shared machine does not drag the fit.  ``verified_tokens`` and
-    ``draft_depth`` move together when one request runs alone; only their sum is needed then.
+    Learned, on decode-only steps (the adapter excludes prefill steps and idle time) after the
+    first ``WARMUP`` (a fresh engine's first steps are slow for reasons no depth explains):
+    ``step_seconds ~ t0 + t_req * requests + d * verified + c * drafted [+ f * any_verified]``,
+    least squares with exponential forgetting over shared statistics, residuals clipped at a few
+    mean absolute errors (a stray slow step on a shared machine does not drag the fit).  Two
+    fits share the statistics:
+    - *linear* (no ``f``): every verified draft costs ``d``;
+    - *stepped*: a step that verifies any draft pays ``f`` once on top (on the testbed's
+      draft_model a first verified draft cost 7 ms and a second 4.8 ms: the step switches to
+      the verification path, and the target reads more of its experts).  It is used only when
+      ``f`` is positive and pinned down (its standard error below ``MAX_REL_SE`` of it: a step
+      term the noise can fake would swing every first draft); otherwise the linear fit stands.
+    ``verified`` and ``drafted`` move together when one request runs alone; only their sum is
+    needed then.  All learned costs are in units of one request's share of a depth-0 step.
     """
 
-    FEATURES = 4
+    FEATURES = 5  # 1, requests, verified drafts, drafted positions, any draft verified
     MIN_SAMPLES = 50
     CLIP = 3.0
     WARMUP = 16  # an engine's first decode steps (caches, allocator) say nothing about depth
+    REFRESH = 16  # steps between solves of the fits (costs move slowly; the two solves take ~60 us)
+    RIDGE = 1e-6  # keeps a direction the data never varied (collinear features) solvable
+    MAX_REL_SE = 0.25  # a learned cost counts once its standard error is below this share of it
+    BAND_Z = 1.0  # a band of one standard error around a learned cost
 
     def __init__(self, verify: float, draft: float, draft_token: float = 0.0, learn: bool = True,
                  forget: float = 0.998) -> None:
         self.prior = (verify + draft_token) / (1.0 + draft)
+        self.prior_split = verify / (verify + draft_token) if verify + draft_token > 0 else 1.0
         self.learn = learn
         self.forget = forget
-        self.p = [[1e4 if i == j else 0.0 for j in range(self.FEATURES)] for i in range(self.FEATURES)]
-        self.theta = [0.0] * self.FEATURES
+        # sums of forget^age * (the upper triangle of x x^T, x * seconds, seconds^2), flat
+        self.stats = [0.0] * 21
+        self.linear = _Fit(self.FEATURES - 1)
+        self.stepped = _Fit(self.FEATURES)
         self.n = 0
+        self.skipped = 0  # warm-up steps not fitted
         self.abs_err = 0.0
         self.requests = 1.0  # recent mean requests per step
         self.depths: set[int] = set()  # verified drafts per request seen (rounded)
-        self.sq_err = 0.0  # recent mean squared residual (for standard errors)
-        self._cached: dict[str, Any] = {}  # learned / per_token / split, until the next update
-        self.prior_split = verify / (verify + draft_token) if verify + draft_token > 0 else 1.0
-        self.skipped = 0  # warm-up steps not fitted
-
-    REFRESH = 8  # updates between refreshes of the derived costs (learned, split, bands)
+        self._cached: dict[str, Any] = {}  # derived costs, until the next solve
 
     def update(self, seconds: float, verified_tokens: float, num_requests: int, draft_depth: int) -> None:
-        """One recursive-least-squares step (written out for the four features: it runs every
-        engine step, on the scheduler's critical path)."""
+        """Adds one step to the statistics (every engine step, on the scheduler's critical path:
+        O(features^2)); the fits are solved every ``REFRESH`` steps."""
         if not self.learn or num_requests <= 0 or seconds <= 0:
             return
         if self.skipped < self.WARMUP:
             self.skipped += 1
             return
-        if self.n % self.REFRESH == 0:
-            self._cached.clear()  # costs move slowly: decisions use values at most REFRESH steps old
-        x1, x2, x3 = float(num_requests), float(verified_tokens), float(max(draft_depth, 0))
-        (a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3), (d0, d1, d2, d3) = self.p
-        px0 = a0 + a1 * x1 + a2 * x2 + a3 * x3  # P x, with x = (1, requests, verified, drafted)
-        px1 = b0 + b1 * x1 + b2 * x2 + b3 * x3
-        px2 = c0 + c1 * x1 + c2 * x2 + c3 * x3
-        px3 = d0 + d1 * x1 + d2 * x2 + d3 * x3
-        lam = self.forget
-        denom = lam + px0 + x1 * px1 + x2 * px2 + x3 * px3
-        g0, g1, g2, g3 = px0 / denom, px1 / denom, px2 / denom, px3 / denom
-        t0, t1, t2, t3 = self.theta
-        err = seconds - (t0 + t1 * x1 + t2 * x2 + t3 * x3)
+        r, v, d = float(num_requests), float(verified_tokens), float(max(draft_depth, 0))
+        a = 1.0 if verified_tokens > 0 else 0.0
+        t0, t1, t2, t3, t4 = self.stepped.theta
+        pred = t0 + t1 * r + t2 * v + t3 * d + t4 * a
+        err = seconds - pred
         if self.n >= 20 and self.abs_err > 0:
             bound = self.CLIP * self.abs_err
-            err = max(-bound, min(bound, err))
+            err = -bound if err < -bound else (bound if err > bound else err)
         self.abs_err = abs(err) if self.n == 0 else 0.98 * self.abs_err + 0.02 * abs(err)
-        self.sq_err = err * err if self.n == 0 else 0.98 * self.sq_err + 0.02 * err * err
-        self.theta = [t0 + g0 * err, t1 + g1 * err, t2 + g2 * err, t3 + g3 * err]
-        inv = 1.0 / lam
-        self.p = [
-            [(a0 - g0 * px0) * inv, (a1 - g0 * px1) * inv, (a2 - g0 * px2) * inv, (a3 - g0 * px3) * inv],
-            [(b0 - g1 * px0) * inv, (b1 - g1 * px1) * inv, (b2 - g1 * px2) * inv, (b3 - g1 * px3) * inv],
-            [(c0 - g2 * px0) * inv, (c1 - g2 * px1) * inv, (c2 - g2 * px2) * inv, (c3 - g2 * px3) * inv],
-            [(d0 - g3 * px0) * inv, (d1 - g3 * px1) * inv, (d2 - g3 * px2) * inv, (d3 - g3 * px3) * inv],
-        ]
+        y = pred + err
+        lam = self.forget
+        self.stats = [lam * s + p for s, p in zip(self.stats, (
+            1.0, r, v, d, a, r * r, r * v, r * d, r * a, v * v, v * d, v * a, d * d, d * a, a,
+            y, r * y, v * y, d * y, a * y, y * y))]
         self.n += 1
         self.requests = 0.98 * self.requests + 0.02 * num_requests
-        self.depths.add(round(verified_tokens / num_requests))
+        self.depths.add(round(v / r))
+        if self.n <= self.MIN_SAMPLES or self.n % self.REFRESH == 0:
+            self._solve()
 
-    MAX_REL_SE = 0.25  # a learned per-token cost counts once its standard error is below this share
+    def _solve(self) -> None:
+        s = self.stats
+        xx = [[s[0], s[1], s[2], s[3], s[4]],
+              [s[1], s[5], s[6], s[7], s[8]],
+              [s[2], s[6], s[9], s[10], s[11]],
+              [s[3], s[7], s[10], s[12], s[13]],
+              [s[4], s[8], s[11], s[13], s[14]]]
+        xy, yy, weight = s[15:20], s[20], s[0]
+        self.linear.solve(xx, xy, yy, weight, self.RIDGE)
+        self.stepped.solve(xx, xy, yy, weight, self.RIDGE)
+        self._cached.clear()
 
-    def _base(self) -> float:
-        t0, t_req = self.theta[0], self.theta[1]
+    def _costs(self) -> tuple[_Fit, float, float] | None:
+        """(fit, base, fixed): the fit in use, one request's share of its depth-0 step, and its
+        step term ``f`` in units of ``base`` (0 for the linear fit); None while not learned
+        (too few steps, one depth only, or a per-token cost its standard error swamps)."""
+        if "costs" not in self._cached:
+            self._cached["costs"] = self._choose()
+        return self._cached["costs"]
+
+    def _choose(self) -> tuple[_Fit, float, float] | None:
+        if not self.learn or self.n < self.MIN_SAMPLES or len(self.depths) < 2:
+            return None
         b = max(self.requests, 1.0)
-        return (t0 + t_req * b) / b  # one request's share of a depth-0 step
-
-    def _se(self, *idx: int) -> float:
-        """Standard error of the sum of the coefficients ``idx``."""
-        var = sum(self.p[i][j] for i in idx for j in idx) * self.sq_err
-        return math.sqrt(max(var, 0.0))
+        for fit in (self.stepped, self.linear):
+            t = fit.theta
+            base = (t[0] + t[1] * b) / b
+            per_token = t[2] + t[3]
+            if base <= 0 or per_token <= 0 or fit.se(2, 3) > self.MAX_REL_SE * per_token:
+                continue
+            if fit is self.stepped:
+                if t[4] <= 0 or fit.se(4) > self.MAX_REL_SE * t[4]:  # not pinned: the linear fit stands
+                    continue
+                return fit, base, t[4] / base
+            return fit, base, 0.0
+        return None
 
     def learned(self) -> float | None:
-        """The learned per-token ratio, once the fit has enough steps at several depths and
-        tells them apart (its standard error is small against its value)."""
-        if "learned" not in self._cached:
-            self._cached["learned"] = self._learned()
-        return self._cached["learned"]
+        """The learned per-token cost (verify + draft), or None while the fits cannot tell
+        depths apart."""
+        costs = self._costs()
+        if costs is None:
+            return None
+        fit, base, _ = costs
+        return max(0.0, min(10.0, (fit.theta[2] + fit.theta[3]) / base))
 
-    def _learned(self) -> float | None:
-        if self.n < self.MIN_SAMPLES or len(self.depths) < 2:
-            return None
-        base = self._base()
-        if base <= 0:
-            return None
-        per_token = self.theta[2] + self.theta[3]
-        if per_token <= 0 or self._se(2, 3) > self.MAX_REL_SE * per_token:
-            return None
-        return max(0.0, min(10.0, per_token / base))
+    @property
+    def per_token(self) -> float:
+        """Cost of one more draft at a step, relative to a depth-0 step's cost per request."""
+        learned = self.learned()
+        return self.prior if learned is None else learned
+
+    @property
+    def fixed(self) -> float:
+        """What a step pays once for verifying any draft, in units of one request's share of a
+        depth-0 step (0 unless the stepped fit is in use: a given cost has no step term)."""
+        costs = self._costs()
+        return 0.0 if costs is None else min(10.0, costs[2])
 
     def split(self) -> tuple[float, float]:
         """(verify, draft) cost per token, in units of a depth-0 step per request.
@@ -288,33 +376,35 @@ class StepCostModel:
 
     def _split(self) -> tuple[float, float]:
         total = self.per_token
-        learned = self.learned() if self.learn else None
-        if learned is not None:
-            d, c = self.theta[2], self.theta[3]
-            if self._se(2) <= self.MAX_REL_SE * d and self._se(3) <= self.MAX_REL_SE * c:
-                v = max(0.0, min(total, d / self._base()))
+        costs = self._costs()
+        if costs is not None:
+            fit, base, _ = costs
+            d, c = fit.theta[2], fit.theta[3]
+            if fit.se(2) <= self.MAX_REL_SE * d and fit.se(3) <= self.MAX_REL_SE * c:
+                v = max(0.0, min(total, d / base))
                 return v, total - v
         return total * self.prior_split, total * (1.0 - self.prior_split)
 
-    BAND_Z = 1.0  # a band of one standard error around a learned cost
-
     def band(self) -> tuple[float, float] | None:
-        """The learned per-token ratio +- one standard error (None while not learned): a depth
+        """The learned per-token cost +- one standard error (None while not learned): a depth
         other than the default is taken only if it wins across the band."""
         if "band" not in self._cached:
-            learned = self.learned() if self.learn else None
+            learned = self.learned()
             if learned is None:
                 self._cached["band"] = None
             else:
-                half = self.BAND_Z * self._se(2, 3) / self._base()
+                fit, base, _ = self._costs()
+                half = self.BAND_Z * fit.se(2, 3) / base
                 self._cached["band"] = (max(0.0, learned - half), learned + half)
         return self._cached["band"]
 
-    @property
-    def per_token(self) -> float:
-        """Cost of one more draft at a step, relative to a depth-0 step's cost per request."""
-        learned = self.learned() if self.learn else None
-        return self.prior if learned is None else learned
+    def describe(self) -> str:
+        costs = self._costs()
+        if costs is None:
+            return f"cost/token={self.per_token:.3f} (given)"
+        verify, draft = self.split()
+        line = f"cost/token={self.per_token:.3f} (learned: verify {verify:.3f}, draft {draft:.3f}"
+        return line + (f", first verified draft +{self.fixed:.3f})" if costs[0] is self.stepped else ")")
 
 
 class GatedGain:
@@ -442,7 +532,7 @@ class AdaptivePolicy:
             chosen = default
         else:
             rates = self.request_rates(phase, request_id)
-            best, scores = best_depth(rates, self.min_depth, self.n, self.cost.per_token)
+            best, scores = best_depth(rates, self.min_depth, self.n, self.cost.per_token, self._fixed_share())
             if best != default and not self._beats_default(rates, best, default):
                 best = default  # within the cost model's uncertainty: the default may be as good
             state = self._state(request_id)
@@ -466,7 +556,14 @@ class AdaptivePolicy:
         if band is None:
             return True
         e_k, e_d = expected_tokens(rates, k), expected_tokens(rates, default)
-        return all(e_k / (1.0 + c * k) > e_d / (1.0 + c * default) for c in band)
+        f = self._fixed_share()
+        return all(e_k / (1.0 + c * k + (f if k else 0.0)) > e_d / (1.0 + c * default + (f if default else 0.0))
+                   for c in band)
+
+    def _fixed_share(self) -> float:
+        """One request's share of the learned step cost of verifying any draft (requests in a
+        step share it)."""
+        return self.cost.fixed / max(self.cost.requests, 1.0)
 
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
         if verified <= 0:
@@ -501,11 +598,13 @@ class AdaptivePolicy:
             depth = self.n  # a parallel drafter drafts every position in one pass
         else:
             depth = 0
+            first = verify + self._fixed_share()  # the first verified draft also pays the step term
             for j, record in enumerate(self.gains[phase]):
+                v = first if j == 0 else verify
                 if record is None:  # never gated: the most the phase's rates allow
-                    gain = self._rate_survival(phase, j) * (1.0 - verify) if verify < 1.0 else 0.0
+                    gain = self._rate_survival(phase, j) * (1.0 - v) if v < 1.0 else 0.0
                 else:
-                    gain = record.at(verify)
+                    gain = record.at(v)
                 if gain <= draft:
                     break
                 depth = j + 1
@@ -538,6 +637,8 @@ class AdaptivePolicy:
         self.confidence_seen = True
         verify, draft = self.cost.split()
         known = self._costs_known()
+        fixed = self.cost.fixed if known else 0.0
+        first = verify + fixed / len(items) if items else verify  # the first draft's verify cost
         survivals = []
         contexts: dict[Phase, tuple] = {}  # per phase: () when its outcomes show no persistence
         requests, last_offsets, calibrators = self.requests, self.offsets, self.calibrators
@@ -560,16 +661,17 @@ class AdaptivePolicy:
                 # drafts all anyway; gains against a prior cost would outlive it by ~50 steps)
                 gains = self.gains[phase]
                 for j, sj in enumerate(s):
+                    v = first if j == 0 else verify
                     record = gains[j]
                     if record is None:  # the first gated draft moves the starting gain, not replaces it
-                        record = gains[j] = self._first_gain(phase, verify, j)
-                    record.add(sj, verify, self.GAIN_RATE)
+                        record = gains[j] = self._first_gain(phase, v, j)
+                    record.add(sj, v, self.GAIN_RATE)
             if not known:
                 s = s[: self.defaults[phase]]
             survivals.append(s)
         # learn without losing: a prior cost is trusted within a factor PRIOR_SPREAD, so until
         # costs are learned a default's draft is skipped only if it does not pay at the low end
-        depths = admit(survivals, verify if known else verify / self.PRIOR_SPREAD, uniform)
+        depths = admit(survivals, verify if known else verify / self.PRIOR_SPREAD, uniform, fixed)
         min_depth = self.min_depth
         explore = self.explore if uniform is None else 0.0
         if not min_depth and not explore:
@@ -595,11 +697,10 @@ class AdaptivePolicy:
 
     def describe(self, phase: Phase) -> str:
         rates = ", ".join(f"{a:.2f}" for a in self.phase_rates(phase))
-        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, self.cost.per_token)
-        learned = "learned" if self.cost.learned() is not None and self.learn_cost else "given"
+        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, self.cost.per_token, self._fixed_share())
         line = (
             f"adaptive: accept/pos=[{rates}] best depth={k} persistence={self.persistence[phase].rho():.2f} "
-            f"cost/token={self.cost.per_token:.3f} ({learned}) observations={self.phase_estimates[phase].observations}"
+            f"{self.cost.describe()} observations={self.phase_estimates[phase].observations}"
         )
         if self.calibrators is not None and self.confidence_seen:
             line += f"; {self.calibrators[phase].describe()}"

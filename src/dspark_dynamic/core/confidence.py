@@ -283,14 +283,18 @@ def admit(
     survivals: Sequence[Sequence[float]],
     verify_cost: float,
     uniform: str | None = None,
+    fixed: float = 0.0,
 ) -> list[int]:
     """Depths for one step: how many of each request's drafts to verify.
 
     ``survivals[r][j]``: expected tokens request r's (j+1)-th draft adds.  Cost unit: one
-    request's step at depth 0; ``verify_cost``: one verified draft, in that unit.  Per request
-    (``uniform`` None): admit in descending survival while ``s > verify_cost * T / C``.
-    ``uniform`` "max" / "min": one depth for every request (uniform CUDA graphs), the one with
-    the best ``T / C``; "max" breaks ties toward the deeper depth.
+    request's step at depth 0; ``verify_cost``: one verified draft, in that unit; ``fixed``: what
+    the step pays once if it verifies any draft.  The step's tokens per cost ``T / C`` is
+    maximised: per request (``uniform`` None) drafts are admitted in descending survival while
+    ``s > verify_cost * T / C`` (with ``fixed`` counted from the start), and the step verifies
+    nothing if that set does not beat ``T / C = 1``.  ``uniform`` "max" / "min": one depth for
+    every request (uniform CUDA graphs), the one with the best ``T / C``; "max" breaks ties
+    toward the deeper depth.
     """
     n = len(survivals)
     if not n:
@@ -300,13 +304,14 @@ def admit(
         best_k, best = 0, -1.0
         for k in range(deepest + 1):
             tokens = n + sum(sum(s[:k]) for s in survivals)
-            ratio = tokens / (n + verify_cost * sum(min(k, len(s)) for s in survivals))
+            verified = sum(min(k, len(s)) for s in survivals)
+            ratio = tokens / (n + verify_cost * verified + (fixed if verified else 0.0))
             if ratio > best or (uniform == "max" and ratio >= best):
                 best_k, best = k, ratio
         return [min(best_k, len(s)) for s in survivals]
     if n == 1:  # one request: its survivals fall along its drafts, no sort needed (and T/C is
         # unimodal in k, so the first draft that does not raise it ends the search)
-        tokens = cost = 1.0
+        tokens, cost = 1.0, 1.0 + fixed
         k = 0
         deeper_on_ties = uniform == "max"
         for s in survivals[0]:
@@ -315,16 +320,20 @@ def admit(
             k += 1
             tokens += s
             cost += verify_cost
+        if k and fixed and (tokens < cost or (tokens == cost and not deeper_on_ties)):
+            return [0]  # the admitted drafts do not pay for the step term
         return [k]
     candidates = sorted(
         ((s, r) for r, row in enumerate(survivals) for s in row), key=lambda c: c[0], reverse=True
     )
     depths = [0] * n
-    tokens, cost = float(n), float(n)
+    tokens, cost = float(n), n + fixed
     for s, r in candidates:
         if s * cost <= verify_cost * tokens:
             break
         depths[r] += 1  # survivals fall along a request's drafts: its prefix comes first
         tokens += s
         cost += verify_cost
+    if fixed and tokens <= cost:
+        return [0] * n  # the admitted drafts do not pay for the step term
     return depths
