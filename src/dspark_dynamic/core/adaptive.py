@@ -252,7 +252,7 @@ class StepCostModel:
     MIN_SAMPLES = 50
     CLIP = 3.0
     WARMUP = 16  # an engine's first decode steps (caches, allocator) say nothing about depth
-    REFRESH = 16  # steps between solves of the fits (costs move slowly; the two solves take ~60 us)
+    REFRESH = 16  # steps between solves of the fits (costs move slowly; the two solves take ~35 us)
     RIDGE = 1e-6  # keeps a direction the data never varied (collinear features) solvable
     MAX_REL_SE = 0.25  # a learned cost counts once its standard error is below this share of it
     BAND_Z = 1.0  # a band of one standard error around a learned cost
