@@ -88,7 +88,7 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
             for r, f in zip(reqs, features):
                 ctl.set_confidences(r.request_id, f)
         decisions = ctl.before_schedule(reqs)
-        ctl.plan_drafts(reqs)
+        planned = ctl.plan_drafts(reqs) or 0  # drafts asked per request: drafted in this step
         elapsed += time.perf_counter() - t0
         # what vLLM's output processing counts (not timed: vLLM does it with or without us)
         counted = {r.request_id: (len(r.spec_token_ids), _accepted(fate, len(r.spec_token_ids)))
@@ -96,7 +96,7 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
         tokens = {r.request_id: 1 + counted.get(r.request_id, (0, 0))[1] for r in reqs}
         verified = sum(v for v, _ in counted.values())  # a step time for the cost model to fit
         timing = StepTiming(0.010 + 0.001 * len(reqs) + 0.004 * verified + (0.002 if verified else 0.0)
-                            + rng.gauss(0.0, 0.0005), True, len(reqs), max(map(len, features)))
+                            + 0.002 * planned * len(reqs) + rng.gauss(0.0, 0.0005), True, len(reqs), planned)
         t0 = time.perf_counter()
         ctl.after_output(decisions, counted, tokens, timing)
         elapsed += time.perf_counter() - t0

@@ -499,7 +499,7 @@ def test_gains_measured_at_a_passing_verify_cost_do_not_stop_drafting_after_it()
     assert policy.cost.split() == (pytest.approx(0.77), pytest.approx(0.31))
     assert policy.depth(R, "a") == 0  # at this cost, drafting does not pay
     policy.cost.prior, policy.cost.prior_split = 0.37, 0.2 / 0.37  # the cost falls: 0.2 / 0.17
-    policy.cost._cached.clear()
+    policy.cost.invalidate()
     assert policy.depth(R, "a") == 2
 
 

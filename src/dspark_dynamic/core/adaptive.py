@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import math
 import random
+from operator import mul
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dspark_dynamic.core.confidence import ConfidenceCalibrator, admit
 from dspark_dynamic.core.phase import Phase
@@ -82,9 +83,10 @@ class Persistence:
             return 0.0
         return max(0.0, min(1.0, (self.sxy / self.n - mx * my) / var))
 
-    def blend(self) -> float:
-        """Pseudo-observations of the phase estimate to mix into a request's own."""
-        return min(MAX_REQUEST_BLEND, REQUEST_BLEND / max(self.rho(), 1e-3))
+    def blend(self, rho: float | None = None) -> float:
+        """Pseudo-observations of the phase estimate to mix into a request's own (``rho``: this
+        persistence's ``rho()``, when the caller has it)."""
+        return min(MAX_REQUEST_BLEND, REQUEST_BLEND / max(self.rho() if rho is None else rho, 1e-3))
 
 
 @dataclass
@@ -100,20 +102,22 @@ class AcceptanceEstimate:
     def __post_init__(self) -> None:
         self.succ = [0.0] * self.positions
         self.seen = [0.0] * self.positions
+        self.keep = 1.0 - 1.0 / self.window
 
     def update(self, verified: int, accepted: int, decay: bool = True) -> None:
         """Add one request-step; ``decay`` first ages the positions it observes."""
         if verified <= 0:
             return
-        keep = 1.0 - 1.0 / self.window if decay else 1.0
+        keep = self.keep if decay else 1.0
+        seen, succ = self.seen, self.succ
         for j in range(min(verified, accepted + 1, self.positions)):
-            self.seen[j] = self.seen[j] * keep + 1.0
-            self.succ[j] = self.succ[j] * keep + (1.0 if j < accepted else 0.0)
+            seen[j] = seen[j] * keep + 1.0
+            succ[j] = succ[j] * keep + (1.0 if j < accepted else 0.0)
         self.observations += 1
 
     def age(self) -> None:
         """Age every position by one step (a request's own evidence fades while unused)."""
-        keep = 1.0 - 1.0 / self.window
+        keep = self.keep
         seen, succ = self.seen, self.succ
         for j in range(self.positions):
             seen[j] *= keep
@@ -166,11 +170,10 @@ def best_depth(rates: list[float], lo: int, hi: int, per_token: float, fixed: fl
     return k, scores
 
 
-def _inverse(a: list[list[float]]) -> list[list[float]] | None:
-    """Inverse of a small symmetric positive-definite matrix (Gauss-Jordan in place, no pivoting:
-    an SPD matrix needs none); None if a pivot vanishes."""
-    n = len(a)
-    m = [row[:] for row in a]
+def _invert(m: list[list[float]]) -> list[list[float]] | None:
+    """Inverse of a small symmetric positive-definite matrix, computed in ``m`` (Gauss-Jordan,
+    no pivoting: an SPD matrix needs none); None if a pivot vanishes."""
+    n = len(m)
     for c in range(n):
         rc = m[c]
         pivot = rc[c]
@@ -206,21 +209,26 @@ class _Fit:
     def solve(self, xx: list[list[float]], xy: list[float], yy: float, weight: float, ridge: float) -> None:
         """``xx``, ``xy``, ``yy``: weighted sums of x x^T, x y and y^2; ``weight``: of 1."""
         k = self.size
-        a = [[xx[i][j] + (ridge if i == j else 0.0) for j in range(k)] for i in range(k)]
-        p = _inverse(a)
+        a = [row[:k] for row in xx[:k]]
+        for i in range(k):
+            a[i][i] += ridge
+        p = _invert(a)
         if p is None:
             return
         self.p = p
-        theta = self.theta = [sum(p[i][j] * xy[j] for j in range(k)) for i in range(k)]
-        sse = yy - sum(t * b for t, b in zip(theta, xy[:k]))  # at the optimum: y'Wy - theta'X'Wy
+        xy = xy[:k]
+        theta = self.theta = [sum(map(mul, row, xy)) for row in p]
+        sse = yy - sum(map(mul, theta, xy))  # at the optimum: y'Wy - theta'X'Wy
         self.sq_err = max(sse, 0.0) / max(weight - k, 1.0)
 
-    def se(self, *idx: int) -> float:
-        """Standard error of the sum of the coefficients ``idx``."""
-        if self.p is None:
+    def se(self, i: int, j: int | None = None) -> float:
+        """Standard error of coefficient ``i``, or of the sum of coefficients ``i`` and ``j``."""
+        p = self.p
+        if p is None:
             return math.inf
-        var = sum(self.p[i][j] for i in idx for j in idx) * self.sq_err
-        return math.sqrt(max(var, 0.0))
+        var = p[i][i] if j is None else p[i][i] + p[j][j] + 2.0 * p[i][j]
+        var *= self.sq_err
+        return math.sqrt(var) if var > 0.0 else 0.0
 
 
 class StepCostModel:
@@ -252,7 +260,9 @@ class StepCostModel:
     MIN_SAMPLES = 50
     CLIP = 3.0
     WARMUP = 16  # an engine's first decode steps (caches, allocator) say nothing about depth
-    REFRESH = 16  # steps between solves of the fits (costs move slowly; the two solves take ~35 us)
+    REFRESH = 64  # steps between solves once costs are learned (they move slowly; a solve takes ~50 us)
+    REFRESH_LEARNING = 16  # ... and until then
+    NEGLIGIBLE = 1e-9  # a step shape whose forgotten weight fell below this is dropped
     RIDGE = 1e-6  # keeps a direction the data never varied (collinear features) solvable
     MAX_REL_SE = 0.25  # a learned cost counts once its standard error is below this share of it
     BAND_Z = 1.0  # a band of one standard error around a learned cost
@@ -263,8 +273,13 @@ class StepCostModel:
         self.prior_split = verify / (verify + draft_token) if verify + draft_token > 0 else 1.0
         self.learn = learn
         self.forget = forget
-        # sums of forget^age * (the upper triangle of x x^T, x * seconds, seconds^2), flat
-        self.stats = [0.0] * 21
+        # per step shape x = (requests, verified, drafted): sums of forget^-n * (1, seconds,
+        # seconds^2) over its steps n; times forget^n they are the forgetting sums (one dict
+        # update per step; the 21 sums of x x^T, x * seconds and seconds^2 are formed per solve)
+        self.shapes: dict[tuple[float, float, float], list[float]] = {}
+        self._grow = 1.0 / forget
+        self._weight = 1.0  # forget^-n since the last solve
+        self._refresh = self.REFRESH_LEARNING
         self.linear = _Fit(self.FEATURES - 1)
         self.stepped = _Fit(self.FEATURES)
         self.n = 0
@@ -272,7 +287,7 @@ class StepCostModel:
         self.abs_err = 0.0
         self.requests = 1.0  # recent mean requests per step
         self.depths: set[int] = set()  # verified drafts per request seen (rounded)
-        self._cached: dict[str, Any] = {}  # derived costs, until the next solve
+        self._view: CostView | None = None  # derived costs, until the next solve
 
     def update(self, seconds: float, verified_tokens: float, num_requests: int, draft_depth: int) -> None:
         """Adds one step to the statistics (every engine step, on the scheduler's critical path:
@@ -292,18 +307,46 @@ class StepCostModel:
             err = -bound if err < -bound else (bound if err > bound else err)
         self.abs_err = abs(err) if self.n == 0 else 0.98 * self.abs_err + 0.02 * abs(err)
         y = pred + err
-        lam = self.forget
-        self.stats = [lam * s + p for s, p in zip(self.stats, (
-            1.0, r, v, d, a, r * r, r * v, r * d, r * a, v * v, v * d, v * a, d * d, d * a, a,
-            y, r * y, v * y, d * y, a * y, y * y))]
+        w = self._weight = self._weight * self._grow
+        acc = self.shapes.get((r, v, d))
+        if acc is None:
+            self.shapes[(r, v, d)] = [w, w * y, w * y * y]
+        else:
+            acc[0] += w
+            acc[1] += w * y
+            acc[2] += w * y * y
         self.n += 1
         self.requests = 0.98 * self.requests + 0.02 * num_requests
         self.depths.add(round(v / r))
-        if self.n <= self.MIN_SAMPLES or self.n % self.REFRESH == 0:
+        if self.n % self._refresh == 0 or self.n == self.MIN_SAMPLES:
             self._solve()
 
+    def _statistics(self) -> list[float]:
+        """The forgetting sums of the upper triangle of x x^T (x = 1, requests, verified,
+        drafted, any verified), of x * seconds and of seconds^2, flat; renormalises the shapes'
+        sums to the current step and drops the negligible ones."""
+        scale = 1.0 / self._weight
+        self._weight = 1.0
+        s = [0.0] * 21
+        for key in list(self.shapes):
+            acc = self.shapes[key]
+            w, wy, wyy = acc[0] * scale, acc[1] * scale, acc[2] * scale
+            if w < self.NEGLIGIBLE:
+                del self.shapes[key]
+                continue
+            acc[0], acc[1], acc[2] = w, wy, wyy
+            r, v, d = key
+            a = 1.0 if v > 0 else 0.0
+            for i, p in enumerate((1.0, r, v, d, a, r * r, r * v, r * d, r * a, v * v, v * d, v * a,
+                                   d * d, d * a, a)):
+                s[i] += w * p
+            for i, p in enumerate((1.0, r, v, d, a), 15):
+                s[i] += wy * p
+            s[20] += wyy
+        return s
+
     def _solve(self) -> None:
-        s = self.stats
+        s = self._statistics()
         xx = [[s[0], s[1], s[2], s[3], s[4]],
               [s[1], s[5], s[6], s[7], s[8]],
               [s[2], s[6], s[9], s[10], s[11]],
@@ -312,17 +355,24 @@ class StepCostModel:
         xy, yy, weight = s[15:20], s[20], s[0]
         self.linear.solve(xx, xy, yy, weight, self.RIDGE)
         self.stepped.solve(xx, xy, yy, weight, self.RIDGE)
-        self._cached.clear()
+        self._view = None
+        self._refresh = self.REFRESH if self.view().learned is not None else self.REFRESH_LEARNING
 
-    def _costs(self) -> tuple[_Fit, float, float] | None:
+    def view(self) -> "CostView":
+        """The costs in use, derived once per solve (the policy reads them every request-step)."""
+        view = self._view
+        if view is None:
+            view = self._view = self._derive()
+        return view
+
+    def invalidate(self) -> None:
+        """Derive the costs again at the next ``view`` (after the prior was changed)."""
+        self._view = None
+
+    def _choose(self) -> tuple[_Fit, float, float] | None:
         """(fit, base, fixed): the fit in use, one request's share of its depth-0 step, and its
         step term ``f`` in units of ``base`` (0 for the linear fit); None while not learned
         (too few steps, one depth only, or a per-token cost its standard error swamps)."""
-        if "costs" not in self._cached:
-            self._cached["costs"] = self._choose()
-        return self._cached["costs"]
-
-    def _choose(self) -> tuple[_Fit, float, float] | None:
         if not self.learn or self.n < self.MIN_SAMPLES or len(self.depths) < 2:
             return None
         b = max(self.requests, 1.0)
@@ -339,72 +389,81 @@ class StepCostModel:
             return fit, base, 0.0
         return None
 
+    def _derive(self) -> "CostView":
+        requests = max(self.requests, 1.0)
+        costs = self._choose()
+        if costs is None:
+            total = self.prior
+            return CostView(not self.learn, None, total, total * self.prior_split,
+                            total * (1.0 - self.prior_split), 0.0, 0.0, None, False)
+        fit, base, fixed = costs
+        t = fit.theta
+        total = max(0.0, min(10.0, (t[2] + t[3]) / base))
+        d, c = t[2], t[3]
+        if fit.se(2) <= self.MAX_REL_SE * d and fit.se(3) <= self.MAX_REL_SE * c:
+            verify = max(0.0, min(total, d / base))
+        else:
+            verify = total * self.prior_split
+        half = self.BAND_Z * fit.se(2, 3) / base
+        fixed = min(10.0, fixed)
+        return CostView(True, total, total, verify, total - verify, fixed, fixed / requests,
+                        (max(0.0, total - half), total + half), fit is self.stepped)
+
     def learned(self) -> float | None:
         """The learned per-token cost (verify + draft), or None while the fits cannot tell
         depths apart."""
-        costs = self._costs()
-        if costs is None:
-            return None
-        fit, base, _ = costs
-        return max(0.0, min(10.0, (fit.theta[2] + fit.theta[3]) / base))
+        return self.view().learned
 
     @property
     def per_token(self) -> float:
         """Cost of one more draft at a step, relative to a depth-0 step's cost per request."""
-        learned = self.learned()
-        return self.prior if learned is None else learned
+        return self.view().per_token
 
     @property
     def fixed(self) -> float:
         """What a step pays once for verifying any draft, in units of one request's share of a
         depth-0 step (0 unless the stepped fit is in use: a given cost has no step term)."""
-        costs = self._costs()
-        return 0.0 if costs is None else min(10.0, costs[2])
+        return self.view().fixed
 
     def split(self) -> tuple[float, float]:
-        """(verify, draft) cost per token, in units of a depth-0 step per request.
-
-        Learned separately once verified drafts and drafted positions have varied apart (a
-        confidence gate verifies fewer than were drafted) and each part's standard error is
-        small against its own value; else the learned total, split as the prior splits it (a
-        part near zero, or one the data cannot pin down, would swing the gate or the drafting
-        decision on noise).
-        """
-        if "split" not in self._cached:
-            self._cached["split"] = self._split()
-        return self._cached["split"]
-
-    def _split(self) -> tuple[float, float]:
-        total = self.per_token
-        costs = self._costs()
-        if costs is not None:
-            fit, base, _ = costs
-            d, c = fit.theta[2], fit.theta[3]
-            if fit.se(2) <= self.MAX_REL_SE * d and fit.se(3) <= self.MAX_REL_SE * c:
-                v = max(0.0, min(total, d / base))
-                return v, total - v
-        return total * self.prior_split, total * (1.0 - self.prior_split)
+        """(verify, draft) cost per token, in units of a depth-0 step per request (see
+        ``CostView``)."""
+        view = self.view()
+        return view.verify, view.draft
 
     def band(self) -> tuple[float, float] | None:
         """The learned per-token cost +- one standard error (None while not learned): a depth
         other than the default is taken only if it wins across the band."""
-        if "band" not in self._cached:
-            learned = self.learned()
-            if learned is None:
-                self._cached["band"] = None
-            else:
-                fit, base, _ = self._costs()
-                half = self.BAND_Z * fit.se(2, 3) / base
-                self._cached["band"] = (max(0.0, learned - half), learned + half)
-        return self._cached["band"]
+        return self.view().band
 
     def describe(self) -> str:
-        costs = self._costs()
-        if costs is None:
-            return f"cost/token={self.per_token:.3f} (given)"
-        verify, draft = self.split()
-        line = f"cost/token={self.per_token:.3f} (learned: verify {verify:.3f}, draft {draft:.3f}"
-        return line + (f", first verified draft +{self.fixed:.3f})" if costs[0] is self.stepped else ")")
+        view = self.view()
+        if view.learned is None:
+            return f"cost/token={view.per_token:.3f} (given)"
+        line = f"cost/token={view.per_token:.3f} (learned: verify {view.verify:.3f}, draft {view.draft:.3f}"
+        return line + (f", first verified draft +{view.fixed:.3f})" if view.stepped else ")")
+
+
+class CostView(NamedTuple):
+    """The costs a ``StepCostModel`` has derived since its last solve, in units of one
+    request's share of a depth-0 step.
+
+    ``verify`` / ``draft``: per verified draft and per drafted position.  Learned separately once
+    verified drafts and drafted positions have varied apart (a confidence gate verifies fewer than
+    were drafted) and each part's standard error is small against its own value; else the learned
+    total split as the prior splits it (a part near zero, or one the data cannot pin down, would
+    swing the gate or the drafting decision on noise).
+    """
+
+    known: bool  # given costs, or learned ones that tell depths apart
+    learned: float | None  # the learned per-token cost, None while not learned
+    per_token: float  # verify + draft: learned, else the prior
+    verify: float
+    draft: float
+    fixed: float  # what a step pays once for verifying any draft (stepped fit only)
+    fixed_share: float  # ``fixed`` over the recent mean requests per step: one request's share
+    band: tuple[float, float] | None  # ``learned`` +- ``BAND_Z`` standard errors
+    stepped: bool  # the stepped fit is in use
 
 
 class GatedGain:
@@ -516,23 +575,20 @@ class AdaptivePolicy:
 
     # -- DepthPolicy --------------------------------------------------------------------
 
-    def _costs_known(self) -> bool:
-        """Given costs, or learned ones that tell depths apart."""
-        return not self.learn_cost or self.cost.learned() is not None
-
     def depth(self, phase: Phase, request_id: str | None = None) -> int:
         if self.calibrators is not None and self.confidence_seen:
             if request_id is not None:
                 (self.requests.get(request_id) or self._state(request_id)).estimate.age()
             return self._draft_depth(phase)
         default = self.defaults[phase]
-        if self.phase_estimates[phase].observations < self.prior_weight or not self._costs_known():
+        costs = self.cost.view()
+        if self.phase_estimates[phase].observations < self.prior_weight or not costs.known:
             # too little evidence, or costs that cannot yet tell depths apart (learn without
             # losing: a prior cost is a guess, and acting on it may cost more than the default)
             chosen = default
         else:
             rates = self.request_rates(phase, request_id)
-            best, scores = best_depth(rates, self.min_depth, self.n, self.cost.per_token, self._fixed_share())
+            best, scores = best_depth(rates, self.min_depth, self.n, costs.per_token, costs.fixed_share)
             if best != default and not self._beats_default(rates, best, default):
                 best = default  # within the cost model's uncertainty: the default may be as good
             state = self._state(request_id)
@@ -552,18 +608,14 @@ class AdaptivePolicy:
 
     def _beats_default(self, rates: list[float], k: int, default: int) -> bool:
         """Depth ``k`` scores above ``default`` at both ends of the learned cost's band."""
-        band = self.cost.band()  # None while costs are given or not yet learned
+        costs = self.cost.view()
+        band = costs.band  # None while costs are given or not yet learned
         if band is None:
             return True
         e_k, e_d = expected_tokens(rates, k), expected_tokens(rates, default)
-        f = self._fixed_share()
+        f = costs.fixed_share
         return all(e_k / (1.0 + c * k + (f if k else 0.0)) > e_d / (1.0 + c * default + (f if default else 0.0))
                    for c in band)
-
-    def _fixed_share(self) -> float:
-        """One request's share of the learned step cost of verifying any draft (requests in a
-        step share it)."""
-        return self.cost.fixed / max(self.cost.requests, 1.0)
 
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
         if verified <= 0:
@@ -591,14 +643,15 @@ class AdaptivePolicy:
     def _draft_depth(self, phase: Phase) -> int:
         """Positions to draft for a request's next step: the leading positions whose gated gain
         beats their drafting cost (unseen ones: the most the phase's acceptance rates allow)."""
-        verify, draft = self.cost.split()
-        if not self._costs_known():
+        costs = self.cost.view()
+        verify, draft = costs.verify, costs.draft
+        if not costs.known:
             depth = self.defaults[phase]  # learn without losing: draft what the phase default does
         elif draft <= 0.0:
             depth = self.n  # a parallel drafter drafts every position in one pass
         else:
             depth = 0
-            first = verify + self._fixed_share()  # the first verified draft also pays the step term
+            first = verify + costs.fixed_share  # the first verified draft also pays the step term
             for j, record in enumerate(self.gains[phase]):
                 v = first if j == 0 else verify
                 if record is None:  # never gated: the most the phase's rates allow
@@ -635,9 +688,9 @@ class AdaptivePolicy:
         depth per item (at most its drafts available).
         """
         self.confidence_seen = True
-        verify, draft = self.cost.split()
-        known = self._costs_known()
-        fixed = self.cost.fixed if known else 0.0
+        costs = self.cost.view()
+        verify, draft, known = costs.verify, costs.draft, costs.known
+        fixed = costs.fixed if known else 0.0
         first = verify + fixed / len(items) if items else verify  # the first draft's verify cost
         survivals = []
         contexts: dict[Phase, tuple] = {}  # per phase: () when its outcomes show no persistence
@@ -648,10 +701,11 @@ class AdaptivePolicy:
             if state is not None and state.estimate.observations:
                 context = contexts.get(phase)
                 if context is None:
-                    rho = self.persistence[phase].rho()
+                    persistence = self.persistence[phase]
+                    rho = persistence.rho()
                     if rho > 0.0:
                         base = self.phase_rates(phase)
-                        context = (base, [_logit(b) for b in base], self.persistence[phase].blend())
+                        context = (base, [_logit(b) for b in base], persistence.blend(rho))
                     contexts[phase] = context or ()
                 if context:  # outcomes persist: the request's own record shifts its probabilities
                     offsets = _offsets(context, state.estimate)
@@ -697,7 +751,8 @@ class AdaptivePolicy:
 
     def describe(self, phase: Phase) -> str:
         rates = ", ".join(f"{a:.2f}" for a in self.phase_rates(phase))
-        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, self.cost.per_token, self._fixed_share())
+        costs = self.cost.view()
+        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, costs.per_token, costs.fixed_share)
         line = (
             f"adaptive: accept/pos=[{rates}] best depth={k} persistence={self.persistence[phase].rho():.2f} "
             f"{self.cost.describe()} observations={self.phase_estimates[phase].observations}"
