@@ -399,30 +399,24 @@ class StepCostModel:
     def _choose(self) -> tuple[_Fit, float] | None:
         """(fit, base): the fit in use and one request's share of its depth-0 step; None while
         not learned (too few steps, one depth only, or a per-token cost its standard error
-        swamps).  The fit has the step terms the data identifies: fitted with both, the term's
-        standard error is below ``MAX_REL_SE`` of the cost of the position it prices (verified
-        draft or drafted position; the larger of the fit's and the prior's).  With no step in
-        the data the term comes out near 0; never varied (when every step verifies, or every
-        step drafts), it is not identified."""
+        swamps)."""
         if not self.learn or self.n < self.MIN_SAMPLES or len(self.depths) < 2:
             return None
         b = max(self.requests, 1.0)
-        plain = self.fits[-1]  # the fit without step terms: its costs are the scale
-        t = plain.theta
-        unit = t[0] + t[1] * b
-        if unit <= 0:
-            return None
-        parts = (max(t[2], self.prior * self.prior_split * unit / b),
-                 max(t[3], self.prior * (1.0 - self.prior_split) * unit / b))
-        terms = tuple(i for i, part in zip((self.VERIFY_STEP, self.DRAFT_STEP), parts)
-                      if self.full.se(i) <= self.MAX_REL_SE * part)
-        fit = next(f for f in self.fits if f.cols == (0, 1, 2, 3) + terms)
-        t = fit.theta
-        base = (t[0] + t[1] * b) / b
-        per_token = t[2] + t[3]
-        if base <= 0 or per_token <= 0 or fit.se(2, 3) > self.MAX_REL_SE * per_token:
-            return None
-        return fit, base
+        best: tuple[int, float, _Fit, float] | None = None
+        for fit in self.fits:
+            t = fit.theta
+            base = (t[0] + t[1] * b) / b
+            per_token = t[2] + t[3]
+            if base <= 0 or per_token <= 0 or fit.se(2, 3) > self.MAX_REL_SE * per_token:
+                continue
+            steps = [i for i in (self.VERIFY_STEP, self.DRAFT_STEP) if i in fit.cols]
+            if not all(fit.pinned(i, self.MAX_REL_SE) for i in steps):
+                continue  # a step term the data does not pin down: a fit without it stands
+            rank = (-len(steps), fit.sq_err)
+            if best is None or rank < best[:2]:
+                best = (rank[0], rank[1], fit, base)
+        return None if best is None else (best[2], best[3])
 
     def _derive(self) -> "CostView":
         requests = max(self.requests, 1.0)
@@ -439,17 +433,10 @@ class StepCostModel:
             verify = max(0.0, min(total, d / base))
         else:
             verify = total * self.prior_split
-        draft = total - verify
         half = self.BAND_Z * fit.se(2, 3) / base
-        fixed = max(0.0, t[self.VERIFY_STEP] / base)  # 0 where not identified
-        if self.DRAFT_STEP in fit.cols:
-            draft_fixed = max(0.0, t[self.DRAFT_STEP] / base)
-        else:  # not identified (the policy always drafts): the first drafted position costs at
-            # least what the prior says one does (learning without losing; steps that draft
-            # nothing, which this leads to, identify the term)
-            draft_fixed = max(0.0, self.prior * (1.0 - self.prior_split) - draft)
-        fixed, draft_fixed = min(10.0, fixed), min(10.0, draft_fixed)
-        return CostView(True, total, total, verify, draft, fixed, fixed / requests,
+        fixed = min(10.0, t[self.VERIFY_STEP] / base)
+        draft_fixed = min(10.0, t[self.DRAFT_STEP] / base)
+        return CostView(True, total, total, verify, total - verify, fixed, fixed / requests,
                         draft_fixed, draft_fixed / requests, (max(0.0, total - half), total + half))
 
     def learned(self) -> float | None:
