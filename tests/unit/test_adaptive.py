@@ -541,18 +541,16 @@ def test_cost_split_is_learned_only_where_each_part_is_pinned_down():
     assert vague.split() == (pytest.approx(total * 0.5 / 0.7), pytest.approx(total * 0.2 / 0.7))
 
 
-def _draft_model_steps(model_or_policy, f_ms: float, zero_share: float, steps: int = 800, g_ms: float = 0.0,
-                       undrafted_share: float = 0.0) -> None:
-    """The testbed's draft_model steps: 12.7 ms at depth 0, +1.8 ms per drafted position and
-    ``g_ms`` once when any is drafted, +4.8 ms per verified draft and ``f_ms`` once when any is
-    verified; ``zero_share`` of the steps verify nothing, ``undrafted_share`` draft nothing."""
+def _draft_model_steps(model_or_policy, f_ms: float, zero_share: float, steps: int = 800) -> None:
+    """The testbed's draft_model steps: 12.7 ms at depth 0, +1.8 ms per drafted position, +4.8 ms
+    per verified draft and ``f_ms`` once when any draft is verified; ``zero_share`` of the steps
+    verify nothing."""
     rng = random.Random(5)
     update = getattr(model_or_policy, "observe_step", None) or model_or_policy.update
     for _ in range(steps):
-        drafted = 0 if rng.random() < undrafted_share else rng.choice([1, 2])
+        drafted = rng.choice([1, 2])
         verified = 0 if rng.random() < zero_share else rng.choice([1, drafted])
-        seconds = (12.7 + 1.8 * drafted + (g_ms if drafted else 0.0) + 4.8 * verified + (f_ms if verified else 0.0)
-                   + rng.gauss(0, 0.5)) / 1000
+        seconds = (12.7 + 1.8 * drafted + 4.8 * verified + (f_ms if verified else 0.0) + rng.gauss(0, 0.5)) / 1000
         update(seconds, verified, 1, drafted)
 
 
@@ -589,78 +587,3 @@ def test_a_sequential_drafter_stops_drafting_where_the_first_verified_draft_does
     assert linear.gate([(R, "a", middling, 2)]) == [1] and stepped.gate([(R, "a", middling, 2)]) == [0]
     assert policy_after(2.2, 0.95).depth(R, "a") == 1
 
-
-
-
-def test_cost_model_statistics_are_the_forgetting_sums_of_every_fitted_step():
-    """The per-shape sums, renormalised at every solve and rid of shapes whose weight faded,
-    give the forgetting sums of x x^T, x * seconds and seconds^2 over the fitted steps, however
-    the solves fall between them (step times exactly linear: nothing is clipped)."""
-    model = StepCostModel(0.5, 0.04, 0.2, forget=0.99)
-    model.NEGLIGIBLE = 1e-4  # a shape unseen for ~900 steps drops out
-    rng = random.Random(5)
-    fitted = []
-    for i in range(2000):
-        requests = rng.choice((1, 2, 3)) if i < 600 else 1  # the multi-request shapes fade out
-        depth = rng.choice((0, 1, 2))
-        verified = requests * rng.randint(0, depth)
-        seconds = 0.010 + 0.002 * requests + 0.004 * verified + 0.002 * depth + (0.003 if verified else 0.0)
-        model.update(seconds, verified, requests, depth)
-        if i >= model.WARMUP:
-            fitted.append((float(requests), float(verified), float(depth), seconds))
-    n = StepCostModel.FEATURES
-    ref_xx, ref_xy, ref_yy = [[0.0] * n for _ in range(n)], [0.0] * n, 0.0
-    for age, (r, v, d, y) in enumerate(reversed(fitted)):
-        lam = 0.99 ** age
-        x = (1.0, r, v, d, 1.0 if v > 0 else 0.0, 1.0 if d > 0 else 0.0)
-        for i in range(n):
-            ref_xy[i] += lam * x[i] * y
-            for j in range(n):
-                ref_xx[i][j] += lam * x[i] * x[j]
-        ref_yy += lam * y * y
-    assert set(model.shapes) == {(1.0, float(v), float(d)) for d in range(3) for v in range(d + 1)}
-    faded = 0.99 ** (2000 - 600)  # times 100 (1 / (1 - forget)): the most weight a dropped shape had left
-    xx, xy, yy = model.statistics()
-    for row, ref_row in zip(xx, ref_xx):
-        assert row == pytest.approx(ref_row, rel=1e-9, abs=1000 * faded)
-    assert xy == pytest.approx(ref_xy, rel=1e-9, abs=1000 * faded)
-    assert yy == pytest.approx(ref_yy, rel=1e-9, abs=faded)
-    t = model.full.theta  # lately one request per step: only t0 + t1 is told apart
-    assert [t[0] + t[1]] + t[2:] == pytest.approx([0.012, 0.004, 0.002, 0.003, 0.0], abs=1e-6)
-
-
-def test_cost_model_learns_what_a_step_pays_once_for_drafting_at_all():
-    """draft_model on the testbed, per step class: depth 0 12.3 ms, the first drafted position
-    +2.4 ms and a second +1.1 (the drafter runs at all); fitted linear in drafted positions, the
-    first was priced at 1.3 ms and the depth-0 step at 13.6 ms."""
-    model = StepCostModel(0.5, 0.04, 0.2)
-    _draft_model_steps(model, f_ms=2.2, zero_share=0.3, g_ms=1.3, undrafted_share=0.1)
-    assert model.draft_fixed == pytest.approx(1.3 / 12.7, abs=0.02)
-    assert model.fixed == pytest.approx(2.2 / 12.7, abs=0.03)
-    assert model.split() == (pytest.approx(4.8 / 12.7, abs=0.02), pytest.approx(1.8 / 12.7, abs=0.02))
-    assert "first drafted position +0.0" in model.describe()
-    none = StepCostModel(0.5, 0.04, 0.2)  # no such step in the data: none in the model
-    _draft_model_steps(none, f_ms=2.2, zero_share=0.3, g_ms=0.0, undrafted_share=0.1)
-    assert none.draft_fixed == 0.0 and none.fixed == pytest.approx(2.2 / 12.7, abs=0.03)
-    always = StepCostModel(0.5, 0.04, 0.2)  # every step drafts: g and t0 cannot be told apart
-    _draft_model_steps(always, f_ms=2.2, zero_share=0.3, g_ms=1.3, undrafted_share=0.0)
-    assert always.draft_fixed == 0.0 and always.fixed > 0.1
-
-
-def test_a_sequential_drafter_drafts_only_where_the_gains_pay_for_drafting_at_all():
-    """Drafting pays for the prefix with the best net gain, its first position also paying the
-    step term of drafting at all: a middling lone draft no longer pays; two middling ones (the
-    second as likely as the first) pay together although the first alone does not."""
-    def policy_after(g_ms: float, features: list[float]) -> AdaptivePolicy:
-        policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0)
-        _draft_model_steps(policy, 0.0, zero_share=0.3, g_ms=g_ms, undrafted_share=0.1)
-        policy.calibrators[R].theta = [1.0, 0.0, 0.0]
-        for _ in range(300):
-            policy.gate([(R, "a", features, 2)])
-        return policy
-
-    lone = [_logit_of(0.62), -8.0]  # gains 0.62 - 0.38 = 0.24 at the first position, none after
-    assert policy_after(0.0, lone).depth(R, "a") == 1  # beats drafting's 0.14
-    assert policy_after(2.5, lone).depth(R, "a") == 0  # not 0.14 + 0.2
-    pair = [_logit_of(0.62), 8.0]  # the second position gains as much again
-    assert policy_after(2.5, pair).depth(R, "a") == 2

@@ -195,51 +195,40 @@ def _invert(m: list[list[float]]) -> list[list[float]] | None:
 
 
 class _Fit:
-    """Weighted least squares on some of the step features (``cols``, indices into the shared
-    statistics): the coefficients (``theta``, one per feature, 0 where not fitted), their
-    covariance scale ``(X'WX)^-1`` and the weighted mean squared residual."""
+    """Weighted least squares on the first ``size`` features of shared statistics: the
+    coefficients, their covariance scale ``(X'WX)^-1`` and the weighted mean squared residual."""
 
-    __slots__ = ("cols", "theta", "p", "sq_err")
+    __slots__ = ("size", "theta", "p", "sq_err")
 
-    def __init__(self, cols: tuple[int, ...], features: int) -> None:
-        self.cols = cols
-        self.theta = [0.0] * features
-        self.p: dict[tuple[int, int], float] | None = None  # (X'WX)^-1 by feature indices
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.theta = [0.0] * size
+        self.p: list[list[float]] | None = None
         self.sq_err = 0.0
 
     def solve(self, xx: list[list[float]], xy: list[float], yy: float, weight: float, ridge: float) -> None:
-        """``xx``, ``xy``, ``yy``: weighted sums of x x^T, x y and y^2 over every feature;
-        ``weight``: of 1."""
-        cols = self.cols
-        a = [[xx[i][j] for j in cols] for i in cols]
-        for i in range(len(cols)):
+        """``xx``, ``xy``, ``yy``: weighted sums of x x^T, x y and y^2; ``weight``: of 1."""
+        k = self.size
+        a = [row[:k] for row in xx[:k]]
+        for i in range(k):
             a[i][i] += ridge
-        inv = _invert(a)
-        if inv is None:
+        p = _invert(a)
+        if p is None:
             return
-        b = [xy[i] for i in cols]
-        coef = [sum(map(mul, row, b)) for row in inv]
-        theta = [0.0] * len(self.theta)
-        for i, c in zip(cols, coef):
-            theta[i] = c
-        self.theta = theta
-        self.p = {(ci, cj): inv[i][j] for i, ci in enumerate(cols) for j, cj in enumerate(cols)}
-        sse = yy - sum(map(mul, coef, b))  # at the optimum: y'Wy - theta'X'Wy
-        self.sq_err = max(sse, 0.0) / max(weight - len(cols), 1.0)
+        self.p = p
+        xy = xy[:k]
+        theta = self.theta = [sum(map(mul, row, xy)) for row in p]
+        sse = yy - sum(map(mul, theta, xy))  # at the optimum: y'Wy - theta'X'Wy
+        self.sq_err = max(sse, 0.0) / max(weight - k, 1.0)
 
     def se(self, i: int, j: int | None = None) -> float:
         """Standard error of coefficient ``i``, or of the sum of coefficients ``i`` and ``j``."""
         p = self.p
         if p is None:
             return math.inf
-        var = p[i, i] if j is None else p[i, i] + p[j, j] + 2.0 * p[i, j]
+        var = p[i][i] if j is None else p[i][i] + p[j][j] + 2.0 * p[i][j]
         var *= self.sq_err
         return math.sqrt(var) if var > 0.0 else 0.0
-
-    def pinned(self, i: int, max_rel_se: float) -> bool:
-        """Coefficient ``i`` is positive and its standard error below ``max_rel_se`` of it."""
-        t = self.theta[i]
-        return t > 0.0 and self.se(i) <= max_rel_se * t
 
 
 class StepCostModel:
@@ -253,31 +242,25 @@ class StepCostModel:
 
     Learned, on decode-only steps (the adapter excludes prefill steps and idle time) after the
     first ``WARMUP`` (a fresh engine's first steps are slow for reasons no depth explains):
-    ``step_seconds ~ t0 + t_req * requests + d * verified + c * drafted
-    [+ f * any_verified] [+ g * any_drafted]``, least squares with exponential forgetting over
-    shared statistics (kept per step shape: a single stream has a handful of shapes, and a step
-    adds to one), residuals clipped at a few mean absolute errors (a stray slow step on a shared
-    machine does not drag the fit).  The step terms are what a step pays once: ``f`` when it
-    verifies any draft (the target switches to its verification path and reads more of its
-    experts), ``g`` when it drafts at all (the drafter runs).  On the testbed's draft_model a
-    depth-0 step took 12.3 ms, the first drafted position +2.4 ms and the second +1.1, the first
-    verified draft +6.5 ms and the second +4.6: linear in both, the fit priced the first draft
-    and the first drafted position at their averages, and verified and drafted where plain
-    decoding was faster.  Four fits share the statistics (with both step terms, with one, with
-    neither); the one in use has the most step terms, each positive and pinned down (its
-    standard error below ``MAX_REL_SE`` of it: a step term the noise can fake would swing every
-    first draft), ties going to the smaller residual.  With no step in the data, or one that
-    every step pays (then it cannot be told from the intercept), no step term is used.
+    ``step_seconds ~ t0 + t_req * requests + d * verified + c * drafted [+ f * any_verified]``,
+    least squares with exponential forgetting over shared statistics, residuals clipped at a few
+    mean absolute errors (a stray slow step on a shared machine does not drag the fit).  Two
+    fits share the statistics:
+    - *linear* (no ``f``): every verified draft costs ``d``;
+    - *stepped*: a step that verifies any draft pays ``f`` once on top (on the testbed's
+      draft_model a first verified draft cost 7 ms and a second 4.8 ms: the step switches to
+      the verification path, and the target reads more of its experts).  It is used only when
+      ``f`` is positive and pinned down (its standard error below ``MAX_REL_SE`` of it: a step
+      term the noise can fake would swing every first draft); otherwise the linear fit stands.
     ``verified`` and ``drafted`` move together when one request runs alone; only their sum is
     needed then.  All learned costs are in units of one request's share of a depth-0 step.
     """
 
-    FEATURES = 6  # 1, requests, verified drafts, drafted positions, any draft verified, any drafted
-    VERIFY_STEP, DRAFT_STEP = 4, 5  # the step terms' features
+    FEATURES = 5  # 1, requests, verified drafts, drafted positions, any draft verified
     MIN_SAMPLES = 50
     CLIP = 3.0
     WARMUP = 16  # an engine's first decode steps (caches, allocator) say nothing about depth
-    REFRESH = 64  # steps between solves once costs are learned (they move slowly; a solve takes ~60 us)
+    REFRESH = 64  # steps between solves once costs are learned (they move slowly; a solve takes ~50 us)
     REFRESH_LEARNING = 16  # ... and until then
     NEGLIGIBLE = 1e-9  # a step shape whose forgotten weight fell below this is dropped
     RIDGE = 1e-6  # keeps a direction the data never varied (collinear features) solvable
@@ -292,15 +275,13 @@ class StepCostModel:
         self.forget = forget
         # per step shape x = (requests, verified, drafted): sums of forget^-n * (1, seconds,
         # seconds^2) over its steps n; times forget^n they are the forgetting sums (one dict
-        # update per step; the sums of x x^T, x * seconds and seconds^2 are formed per solve)
+        # update per step; the 21 sums of x x^T, x * seconds and seconds^2 are formed per solve)
         self.shapes: dict[tuple[float, float, float], list[float]] = {}
         self._grow = 1.0 / forget
         self._weight = 1.0  # forget^-n since the last solve
         self._refresh = self.REFRESH_LEARNING
-        n = self.FEATURES
-        self.full = _Fit(tuple(range(n)), n)  # both step terms: also the residuals' predictor
-        self.fits = (self.full, _Fit((0, 1, 2, 3, self.VERIFY_STEP), n), _Fit((0, 1, 2, 3, self.DRAFT_STEP), n),
-                     _Fit((0, 1, 2, 3), n))
+        self.linear = _Fit(self.FEATURES - 1)
+        self.stepped = _Fit(self.FEATURES)
         self.n = 0
         self.skipped = 0  # warm-up steps not fitted
         self.abs_err = 0.0
@@ -308,24 +289,18 @@ class StepCostModel:
         self.depths: set[int] = set()  # verified drafts per request seen (rounded)
         self._view: CostView | None = None  # derived costs, until the next solve
 
-    @staticmethod
-    def features(requests: float, verified: float, drafted: float) -> tuple[float, ...]:
-        """A step's features: 1, requests, verified drafts, drafted positions (per request),
-        any draft verified, any drafted."""
-        return (1.0, requests, verified, drafted, 1.0 if verified > 0 else 0.0, 1.0 if drafted > 0 else 0.0)
-
     def update(self, seconds: float, verified_tokens: float, num_requests: int, draft_depth: int) -> None:
-        """Adds one step to its shape's sums (every engine step, on the scheduler's critical
-        path: O(1)); the fits are solved every ``REFRESH`` steps (``REFRESH_LEARNING`` until
-        the costs are learned, and once at ``MIN_SAMPLES``)."""
+        """Adds one step to the statistics (every engine step, on the scheduler's critical path:
+        O(features^2)); the fits are solved every ``REFRESH`` steps."""
         if not self.learn or num_requests <= 0 or seconds <= 0:
             return
         if self.skipped < self.WARMUP:
             self.skipped += 1
             return
         r, v, d = float(num_requests), float(verified_tokens), float(max(draft_depth, 0))
-        t0, t1, t2, t3, t4, t5 = self.full.theta
-        pred = t0 + t1 * r + t2 * v + t3 * d + (t4 if v > 0 else 0.0) + (t5 if d > 0 else 0.0)
+        a = 1.0 if verified_tokens > 0 else 0.0
+        t0, t1, t2, t3, t4 = self.stepped.theta
+        pred = t0 + t1 * r + t2 * v + t3 * d + t4 * a
         err = seconds - pred
         if self.n >= 20 and self.abs_err > 0:
             bound = self.CLIP * self.abs_err
@@ -346,16 +321,13 @@ class StepCostModel:
         if self.n % self._refresh == 0 or self.n == self.MIN_SAMPLES:
             self._solve()
 
-    def statistics(self) -> tuple[list[list[float]], list[float], float]:
-        """The forgetting sums of x x^T, of x * seconds and of seconds^2 over the fitted steps
-        (x: ``features``); renormalises the shapes' sums to the current step and drops the
-        negligible ones."""
+    def _statistics(self) -> list[float]:
+        """The forgetting sums of the upper triangle of x x^T (x = 1, requests, verified,
+        drafted, any verified), of x * seconds and of seconds^2, flat; renormalises the shapes'
+        sums to the current step and drops the negligible ones."""
         scale = 1.0 / self._weight
         self._weight = 1.0
-        n = self.FEATURES
-        xx = [[0.0] * n for _ in range(n)]
-        xy = [0.0] * n
-        yy = 0.0
+        s = [0.0] * 21
         for key in list(self.shapes):
             acc = self.shapes[key]
             w, wy, wyy = acc[0] * scale, acc[1] * scale, acc[2] * scale
@@ -363,25 +335,26 @@ class StepCostModel:
                 del self.shapes[key]
                 continue
             acc[0], acc[1], acc[2] = w, wy, wyy
-            x = self.features(*key)
-            for i in range(n):
-                xi = x[i]
-                if xi:
-                    row = xx[i]
-                    wxi = w * xi
-                    for j in range(i, n):
-                        row[j] += wxi * x[j]
-                    xy[i] += wy * xi
-            yy += wyy
-        for i in range(n):
-            for j in range(i):
-                xx[i][j] = xx[j][i]
-        return xx, xy, yy
+            r, v, d = key
+            a = 1.0 if v > 0 else 0.0
+            for i, p in enumerate((1.0, r, v, d, a, r * r, r * v, r * d, r * a, v * v, v * d, v * a,
+                                   d * d, d * a, a)):
+                s[i] += w * p
+            for i, p in enumerate((1.0, r, v, d, a), 15):
+                s[i] += wy * p
+            s[20] += wyy
+        return s
 
     def _solve(self) -> None:
-        xx, xy, yy = self.statistics()
-        for fit in self.fits:
-            fit.solve(xx, xy, yy, xx[0][0], self.RIDGE)
+        s = self._statistics()
+        xx = [[s[0], s[1], s[2], s[3], s[4]],
+              [s[1], s[5], s[6], s[7], s[8]],
+              [s[2], s[6], s[9], s[10], s[11]],
+              [s[3], s[7], s[10], s[12], s[13]],
+              [s[4], s[8], s[11], s[13], s[14]]]
+        xy, yy, weight = s[15:20], s[20], s[0]
+        self.linear.solve(xx, xy, yy, weight, self.RIDGE)
+        self.stepped.solve(xx, xy, yy, weight, self.RIDGE)
         self._view = None
         self._refresh = self.REFRESH if self.view().learned is not None else self.REFRESH_LEARNING
 
@@ -396,27 +369,25 @@ class StepCostModel:
         """Derive the costs again at the next ``view`` (after the prior was changed)."""
         self._view = None
 
-    def _choose(self) -> tuple[_Fit, float] | None:
-        """(fit, base): the fit in use and one request's share of its depth-0 step; None while
-        not learned (too few steps, one depth only, or a per-token cost its standard error
-        swamps)."""
+    def _choose(self) -> tuple[_Fit, float, float] | None:
+        """(fit, base, fixed): the fit in use, one request's share of its depth-0 step, and its
+        step term ``f`` in units of ``base`` (0 for the linear fit); None while not learned
+        (too few steps, one depth only, or a per-token cost its standard error swamps)."""
         if not self.learn or self.n < self.MIN_SAMPLES or len(self.depths) < 2:
             return None
         b = max(self.requests, 1.0)
-        best: tuple[int, float, _Fit, float] | None = None
-        for fit in self.fits:
+        for fit in (self.stepped, self.linear):
             t = fit.theta
             base = (t[0] + t[1] * b) / b
             per_token = t[2] + t[3]
             if base <= 0 or per_token <= 0 or fit.se(2, 3) > self.MAX_REL_SE * per_token:
                 continue
-            steps = [i for i in (self.VERIFY_STEP, self.DRAFT_STEP) if i in fit.cols]
-            if not all(fit.pinned(i, self.MAX_REL_SE) for i in steps):
-                continue  # a step term the data does not pin down: a fit without it stands
-            rank = (-len(steps), fit.sq_err)
-            if best is None or rank < best[:2]:
-                best = (rank[0], rank[1], fit, base)
-        return None if best is None else (best[2], best[3])
+            if fit is self.stepped:
+                if t[4] <= 0 or fit.se(4) > self.MAX_REL_SE * t[4]:  # not pinned: the linear fit stands
+                    continue
+                return fit, base, t[4] / base
+            return fit, base, 0.0
+        return None
 
     def _derive(self) -> "CostView":
         requests = max(self.requests, 1.0)
@@ -424,8 +395,8 @@ class StepCostModel:
         if costs is None:
             total = self.prior
             return CostView(not self.learn, None, total, total * self.prior_split,
-                            total * (1.0 - self.prior_split), 0.0, 0.0, 0.0, 0.0, None)
-        fit, base = costs
+                            total * (1.0 - self.prior_split), 0.0, 0.0, None, False)
+        fit, base, fixed = costs
         t = fit.theta
         total = max(0.0, min(10.0, (t[2] + t[3]) / base))
         d, c = t[2], t[3]
@@ -434,10 +405,9 @@ class StepCostModel:
         else:
             verify = total * self.prior_split
         half = self.BAND_Z * fit.se(2, 3) / base
-        fixed = min(10.0, t[self.VERIFY_STEP] / base)
-        draft_fixed = min(10.0, t[self.DRAFT_STEP] / base)
+        fixed = min(10.0, fixed)
         return CostView(True, total, total, verify, total - verify, fixed, fixed / requests,
-                        draft_fixed, draft_fixed / requests, (max(0.0, total - half), total + half))
+                        (max(0.0, total - half), total + half), fit is self.stepped)
 
     def learned(self) -> float | None:
         """The learned per-token cost (verify + draft), or None while the fits cannot tell
@@ -452,13 +422,8 @@ class StepCostModel:
     @property
     def fixed(self) -> float:
         """What a step pays once for verifying any draft, in units of one request's share of a
-        depth-0 step (0 unless a learned fit has the term: a given cost has no step term)."""
+        depth-0 step (0 unless the stepped fit is in use: a given cost has no step term)."""
         return self.view().fixed
-
-    @property
-    def draft_fixed(self) -> float:
-        """What a step pays once for drafting at all, in the same units (0 unless learned)."""
-        return self.view().draft_fixed
 
     def split(self) -> tuple[float, float]:
         """(verify, draft) cost per token, in units of a depth-0 step per request (see
@@ -476,11 +441,7 @@ class StepCostModel:
         if view.learned is None:
             return f"cost/token={view.per_token:.3f} (given)"
         line = f"cost/token={view.per_token:.3f} (learned: verify {view.verify:.3f}, draft {view.draft:.3f}"
-        if view.fixed:
-            line += f", first verified draft +{view.fixed:.3f}"
-        if view.draft_fixed:
-            line += f", first drafted position +{view.draft_fixed:.3f}"
-        return line + ")"
+        return line + (f", first verified draft +{view.fixed:.3f})" if view.stepped else ")")
 
 
 class CostView(NamedTuple):
@@ -499,11 +460,10 @@ class CostView(NamedTuple):
     per_token: float  # verify + draft: learned, else the prior
     verify: float
     draft: float
-    fixed: float  # what a step pays once for verifying any draft (learned step term, else 0)
+    fixed: float  # what a step pays once for verifying any draft (stepped fit only)
     fixed_share: float  # ``fixed`` over the recent mean requests per step: one request's share
-    draft_fixed: float  # what a step pays once for drafting at all (learned step term, else 0)
-    draft_fixed_share: float
     band: tuple[float, float] | None  # ``learned`` +- ``BAND_Z`` standard errors
+    stepped: bool  # the stepped fit is in use
 
 
 class GatedGain:
@@ -628,8 +588,7 @@ class AdaptivePolicy:
             chosen = default
         else:
             rates = self.request_rates(phase, request_id)
-            best, scores = best_depth(rates, self.min_depth, self.n, costs.per_token,
-                                      costs.fixed_share + costs.draft_fixed_share)
+            best, scores = best_depth(rates, self.min_depth, self.n, costs.per_token, costs.fixed_share)
             if best != default and not self._beats_default(rates, best, default):
                 best = default  # within the cost model's uncertainty: the default may be as good
             state = self._state(request_id)
@@ -654,7 +613,7 @@ class AdaptivePolicy:
         if band is None:
             return True
         e_k, e_d = expected_tokens(rates, k), expected_tokens(rates, default)
-        f = costs.fixed_share + costs.draft_fixed_share
+        f = costs.fixed_share
         return all(e_k / (1.0 + c * k + (f if k else 0.0)) > e_d / (1.0 + c * default + (f if default else 0.0))
                    for c in band)
 
@@ -682,19 +641,16 @@ class AdaptivePolicy:
     PRIOR_SPREAD = 2.0  # a given (prior) cost may be off by this factor either way
 
     def _draft_depth(self, phase: Phase) -> int:
-        """Positions to draft for a request's next step: the prefix whose gated gains beat what
-        drafting them costs, by the most (each position ``draft``, and drafting at all the
-        request's share of the step term ``draft_fixed``); a position never gated counts the
-        most the phase's acceptance rates allow."""
+        """Positions to draft for a request's next step: the leading positions whose gated gain
+        beats their drafting cost (unseen ones: the most the phase's acceptance rates allow)."""
         costs = self.cost.view()
-        verify, draft, draft_fixed = costs.verify, costs.draft, costs.draft_fixed_share
+        verify, draft = costs.verify, costs.draft
         if not costs.known:
             depth = self.defaults[phase]  # learn without losing: draft what the phase default does
-        elif draft <= 0.0 and draft_fixed <= 0.0:
+        elif draft <= 0.0:
             depth = self.n  # a parallel drafter drafts every position in one pass
         else:
             depth = 0
-            net = best = -draft_fixed
             first = verify + costs.fixed_share  # the first verified draft also pays the step term
             for j, record in enumerate(self.gains[phase]):
                 v = first if j == 0 else verify
@@ -702,9 +658,9 @@ class AdaptivePolicy:
                     gain = self._rate_survival(phase, j) * (1.0 - v) if v < 1.0 else 0.0
                 else:
                     gain = record.at(v)
-                net += gain - draft
-                if net > best and net > 0.0:
-                    best, depth = net, j + 1
+                if gain <= draft:
+                    break
+                depth = j + 1
         if depth < self.min_depth:
             depth = self.min_depth
         if self.explore and depth < self.n and self._rng.random() < self.explore:
@@ -755,7 +711,7 @@ class AdaptivePolicy:
                     offsets = _offsets(context, state.estimate)
             last_offsets[req] = offsets
             s = calibrators[phase].survival(features[:available] if available < len(features) else features, offsets)
-            if (draft > 0.0 or costs.draft_fixed > 0.0) and known:  # what drafting each position gains (a parallel drafter
+            if draft > 0.0 and known:  # what drafting each position gains (a parallel drafter
                 # drafts all anyway; gains against a prior cost would outlive it by ~50 steps)
                 gains = self.gains[phase]
                 for j, sj in enumerate(s):
@@ -796,8 +752,7 @@ class AdaptivePolicy:
     def describe(self, phase: Phase) -> str:
         rates = ", ".join(f"{a:.2f}" for a in self.phase_rates(phase))
         costs = self.cost.view()
-        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, costs.per_token,
-                          costs.fixed_share + costs.draft_fixed_share)
+        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, costs.per_token, costs.fixed_share)
         line = (
             f"adaptive: accept/pos=[{rates}] best depth={k} persistence={self.persistence[phase].rho():.2f} "
             f"{self.cost.describe()} observations={self.phase_estimates[phase].observations}"
