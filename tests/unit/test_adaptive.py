@@ -587,3 +587,34 @@ def test_a_sequential_drafter_stops_drafting_where_the_first_verified_draft_does
     assert linear.gate([(R, "a", middling, 2)]) == [1] and stepped.gate([(R, "a", middling, 2)]) == [0]
     assert policy_after(2.2, 0.95).depth(R, "a") == 1
 
+
+
+def test_cost_model_statistics_are_the_forgetting_sums_of_every_fitted_step():
+    """The per-shape sums, renormalised at every solve and rid of shapes whose weight faded,
+    give the forgetting sums of x x^T, x * seconds and seconds^2 over the fitted steps, however
+    the solves fall between them (step times exactly linear: nothing is clipped)."""
+    model = StepCostModel(0.5, 0.04, 0.2, forget=0.99)
+    model.NEGLIGIBLE = 1e-4  # a shape unseen for ~900 steps drops out
+    rng = random.Random(5)
+    fitted = []
+    for i in range(2000):
+        requests = rng.choice((1, 2, 3)) if i < 600 else 1  # the multi-request shapes fade out
+        depth = rng.choice((0, 1, 2))
+        verified = requests * rng.randint(0, depth)
+        seconds = 0.010 + 0.002 * requests + 0.004 * verified + 0.002 * depth + (0.003 if verified else 0.0)
+        model.update(seconds, verified, requests, depth)
+        if i >= model.WARMUP:
+            fitted.append((float(requests), float(verified), float(depth), seconds))
+    ref = [0.0] * 21
+    for age, (r, v, d, y) in enumerate(reversed(fitted)):
+        lam = 0.99 ** age
+        a = 1.0 if v > 0 else 0.0
+        xs = (1.0, r, v, d, a, r * r, r * v, r * d, r * a, v * v, v * d, v * a, d * d, d * a, a,
+              y, r * y, v * y, d * y, a * y, y * y)
+        for j, p in enumerate(xs):
+            ref[j] += lam * p
+    assert set(model.shapes) == {(1.0, float(v), float(d)) for d in range(3) for v in range(d + 1)}
+    faded = 0.99 ** (2000 - 600)  # times 100 (1 / (1 - forget)): the most weight a dropped shape had left
+    assert model._statistics() == pytest.approx(ref, rel=1e-9, abs=1000 * faded)
+    t = model.stepped.theta  # lately one request per step: only t0 + t1 is told apart
+    assert [t[0] + t[1]] + t[2:] == pytest.approx([0.012, 0.004, 0.002, 0.003], abs=1e-6)

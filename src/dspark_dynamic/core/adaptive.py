@@ -243,7 +243,8 @@ class StepCostModel:
     Learned, on decode-only steps (the adapter excludes prefill steps and idle time) after the
     first ``WARMUP`` (a fresh engine's first steps are slow for reasons no depth explains):
     ``step_seconds ~ t0 + t_req * requests + d * verified + c * drafted [+ f * any_verified]``,
-    least squares with exponential forgetting over shared statistics, residuals clipped at a few
+    least squares with exponential forgetting over shared statistics (kept per step shape: a
+    single stream has a handful of shapes, and a step adds to one), residuals clipped at a few
     mean absolute errors (a stray slow step on a shared machine does not drag the fit).  Two
     fits share the statistics:
     - *linear* (no ``f``): every verified draft costs ``d``;
@@ -260,7 +261,7 @@ class StepCostModel:
     MIN_SAMPLES = 50
     CLIP = 3.0
     WARMUP = 16  # an engine's first decode steps (caches, allocator) say nothing about depth
-    REFRESH = 64  # steps between solves once costs are learned (they move slowly; a solve takes ~50 us)
+    REFRESH = 64  # steps between solves once costs are learned (they move slowly; a solve takes ~30 us)
     REFRESH_LEARNING = 16  # ... and until then
     NEGLIGIBLE = 1e-9  # a step shape whose forgotten weight fell below this is dropped
     RIDGE = 1e-6  # keeps a direction the data never varied (collinear features) solvable
@@ -290,8 +291,9 @@ class StepCostModel:
         self._view: CostView | None = None  # derived costs, until the next solve
 
     def update(self, seconds: float, verified_tokens: float, num_requests: int, draft_depth: int) -> None:
-        """Adds one step to the statistics (every engine step, on the scheduler's critical path:
-        O(features^2)); the fits are solved every ``REFRESH`` steps."""
+        """Adds one step to its shape's sums (every engine step, on the scheduler's critical
+        path: O(1)); the fits are solved every ``REFRESH`` steps (``REFRESH_LEARNING`` until
+        the costs are learned, and once at ``MIN_SAMPLES``)."""
         if not self.learn or num_requests <= 0 or seconds <= 0:
             return
         if self.skipped < self.WARMUP:
