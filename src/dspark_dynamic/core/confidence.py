@@ -245,11 +245,10 @@ class ConfidenceCalibrator:
             theta[0] = 0.0
 
     def _update2(self, f: float, j: int, accepted: bool, offset: float = 0.0) -> None:
-        """``_update`` written out for two positions (a 3x3 covariance), the common depth, with
-        the report's and the assumed-density step's arithmetic inline (it runs per label)."""
+        """``_update`` written out for two positions (a 3x3 covariance), the common depth."""
         theta, cov = self.theta, self.cov
         z = theta[0] * f + theta[1 + j] + offset
-        self.report.add(1.0 / (1.0 + math.exp(-z)) if z >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(z)), accepted)
+        self.report.add(_sigmoid(z), accepted)
         keep = self.keep
         v0, v1, v2 = self._fresh_var
         r0, r1, r2 = cov
@@ -261,16 +260,7 @@ class ConfidenceCalibrator:
         else:
             p0, p1, p2 = c00 * f + c02, c01 * f + c12, c02 * f + c22
             var = f * p0 + p2
-        # _assumed_density_step(z, var, accepted), inline
-        if var < 0.0:
-            var = 0.0
-        kappa = 1.0 / math.sqrt(1.0 + _PI_8 * var)
-        kz = kappa * z
-        p_pred = 1.0 / (1.0 + math.exp(-kz)) if kz >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(kz))
-        curv = kappa * kappa * p_pred * (1.0 - p_pred)
-        denom = 1.0 + curv * var
-        step = kappa * ((1.0 if accepted else 0.0) - p_pred) / denom
-        g = curv / denom
+        step, g = _assumed_density_step(z, var, accepted)
         theta[0] += p0 * step
         theta[1] += p1 * step
         theta[2] += p2 * step
