@@ -618,3 +618,21 @@ def test_cost_model_statistics_are_the_forgetting_sums_of_every_fitted_step():
     assert model._statistics() == pytest.approx(ref, rel=1e-9, abs=1000 * faded)
     t = model.stepped.theta  # lately one request per step: only t0 + t1 is told apart
     assert [t[0] + t[1]] + t[2:] == pytest.approx([0.012, 0.004, 0.002, 0.003], abs=1e-6)
+
+
+def test_the_offset_context_of_a_phase_is_refreshed_every_few_observations():
+    """A request's offsets are measured against its phase's rates; those move by ~1/window per
+    observation, so the context is reused for ``CONTEXT_REFRESH`` observations, then rebuilt."""
+    policy = make_policy(prior_weight=1.0)
+    for step in range(200):  # streaky outcomes: persistence, so the context is not empty
+        for req in ("easy", "hard"):
+            policy.observe(R, 2, 2 if req == "easy" else 0, req)
+    first = policy._context(R)
+    assert first and first[0] == policy.phase_rates(R)
+    for _ in range(policy.CONTEXT_REFRESH - 1):
+        policy.observe(R, 2, 2, "easy")
+        assert policy._context(R) is first  # reused: no recomputation per request-step
+    assert policy.phase_rates(R) != first[0]  # meanwhile the rates moved
+    policy.observe(R, 2, 2, "easy")
+    refreshed = policy._context(R)
+    assert refreshed is not first and refreshed[0] == policy.phase_rates(R)

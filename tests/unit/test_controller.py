@@ -219,3 +219,37 @@ def test_confidences_are_ignored_without_a_gating_policy_and_dropped_on_forget()
     ctl.set_confidences("a", [6.0, 6.0])
     ctl.forget("a")
     assert not ctl.confidences
+
+
+class CountingRules:
+    """``RULES``, counting the tokens each tracker is advanced over."""
+
+    def __init__(self):
+        self.advanced = 0
+
+    def track(self, request):
+        tracker = RULES.track(request)
+        rules = self
+
+        class Counting:
+            def advance(self, _rules, output_token_ids):
+                rules.advanced += 1
+                return tracker.advance(RULES, output_token_ids)
+
+        return Counting()
+
+
+def test_plan_drafts_reuses_the_phase_found_this_step_until_the_output_grows():
+    counting = CountingRules()
+    ctl = DepthController(counting, PhasePolicy(1, 2))
+    req = FakeRequest("a", [1, S], spec_token_ids=[7, 8])
+    ctl.before_schedule([req])
+    assert counting.advanced == 1
+    assert ctl.plan_drafts([req]) == 1  # same schedule call: the phase found above is reused
+    assert counting.advanced == 1
+    req.output_token_ids += [E]  # output committed in between (never in vLLM, but possible)
+    assert ctl.plan_drafts([req]) == 2  # re-read: </think> ended reasoning
+    assert counting.advanced == 2
+    newcomer = FakeRequest("b", [1, S])  # scheduled without having been in ``running``
+    assert ctl.plan_drafts([newcomer]) == 1
+    assert counting.advanced == 3

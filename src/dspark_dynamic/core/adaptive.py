@@ -287,7 +287,7 @@ class StepCostModel:
         self.skipped = 0  # warm-up steps not fitted
         self.abs_err = 0.0
         self.requests = 1.0  # recent mean requests per step
-        self.depths: set[int] = set()  # verified drafts per request seen (rounded)
+        self.depths: set[int] = set()  # verified drafts per request (rounded) among the fitted shapes, as of the last solve
         self._view: CostView | None = None  # derived costs, until the next solve
 
     def update(self, seconds: float, verified_tokens: float, num_requests: int, draft_depth: int) -> None:
@@ -319,7 +319,6 @@ class StepCostModel:
             acc[2] += w * y * y
         self.n += 1
         self.requests = 0.98 * self.requests + 0.02 * num_requests
-        self.depths.add(round(v / r))
         if self.n % self._refresh == 0 or self.n == self.MIN_SAMPLES:
             self._solve()
 
@@ -355,6 +354,7 @@ class StepCostModel:
               [s[3], s[7], s[10], s[12], s[13]],
               [s[4], s[8], s[11], s[13], s[14]]]
         xy, yy, weight = s[15:20], s[20], s[0]
+        self.depths = {round(v / r) for r, v, _d in self.shapes}
         self.linear.solve(xx, xy, yy, weight, self.RIDGE)
         self.stepped.solve(xx, xy, yy, weight, self.RIDGE)
         self._view = None
@@ -540,6 +540,7 @@ class AdaptivePolicy:
         self.confidence_seen = False
         self.gains: dict[Phase, list[GatedGain | None]] = {p: [None] * self.n for p in Phase}
         self.offsets: dict[str, list[float]] = {}  # per request: the log-odds offsets of its last gate
+        self._contexts: dict[Phase, tuple[int, tuple]] = {}  # per phase: (observations then, ``_context``)
 
     @classmethod
     def from_options(cls, options: Any) -> "AdaptivePolicy":
@@ -695,20 +696,12 @@ class AdaptivePolicy:
         fixed = costs.fixed if known else 0.0
         first = verify + fixed / len(items) if items else verify  # the first draft's verify cost
         survivals = []
-        contexts: dict[Phase, tuple] = {}  # per phase: () when its outcomes show no persistence
         requests, last_offsets, calibrators = self.requests, self.offsets, self.calibrators
         for phase, req, features, available in items:
             offsets = None
             state = requests.get(req)
             if state is not None and state.estimate.observations:
-                context = contexts.get(phase)
-                if context is None:
-                    persistence = self.persistence[phase]
-                    rho = persistence.rho()
-                    if rho > 0.0:
-                        base = self.phase_rates(phase)
-                        context = (base, [_logit(b) for b in base], persistence.blend(rho))
-                    contexts[phase] = context or ()
+                context = self._context(phase)
                 if context:  # outcomes persist: the request's own record shifts its probabilities
                     offsets = _offsets(context, state.estimate)
             last_offsets[req] = offsets
@@ -741,6 +734,26 @@ class AdaptivePolicy:
                 k += 1  # keep labels coming from below the threshold: the fit stays honest
             depths[i] = k
         return depths
+
+    CONTEXT_REFRESH = 8  # phase observations between refreshes of a phase's offset context
+
+    def _context(self, phase: Phase) -> tuple:
+        """What a request's offsets are measured against (``_offsets``): the phase's rates, their
+        log-odds and their weight in the request's own; () while the phase's outcomes show no
+        persistence.  Refreshed every ``CONTEXT_REFRESH`` observations of the phase (its rates and
+        persistence move by about 1/window per observation), not per request-step."""
+        seen = self.phase_estimates[phase].observations
+        cached = self._contexts.get(phase)
+        if cached is not None and seen - cached[0] < self.CONTEXT_REFRESH:
+            return cached[1]
+        persistence = self.persistence[phase]
+        rho = persistence.rho()
+        context: tuple = ()
+        if rho > 0.0:
+            base = self.phase_rates(phase)
+            context = (base, [_logit(b) for b in base], persistence.blend(rho))
+        self._contexts[phase] = (seen, context)
+        return context
 
     def observe_confidence(self, phase: Phase, features: list[float], verified: int, accepted: int,
                            request_id: str | None = None) -> None:

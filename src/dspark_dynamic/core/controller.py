@@ -74,6 +74,7 @@ class DepthController:
         self.plans: dict[str, tuple[Phase, int]] = {}  # depth chosen for a request's next step
         self.confidences: dict[str, list[float]] = {}  # features of each request's current drafts
         self.verifying: dict[str, list[float]] = {}  # features of the drafts a step verifies
+        self._seen: dict[str, tuple[Phase, int]] = {}  # this step's phase and output length per request
         self._gate = getattr(policy, "gate", None) if getattr(policy, "calibrators", None) is not None else None
 
     def set_confidences(self, request_id: str, features: list[float]) -> None:
@@ -88,6 +89,14 @@ class DepthController:
             self.states[request.request_id] = state
         return state.advance(self.rules, request.output_token_ids)
 
+    def _phase_now(self, request: Any) -> Phase:
+        """``phase_of``, reusing what ``before_schedule`` found this step when the request's
+        output has not grown since (``plan_drafts`` runs in the same ``schedule`` call)."""
+        seen = self._seen.get(request.request_id)
+        if seen is not None and seen[1] == len(request.output_token_ids):
+            return seen[0]
+        return self.phase_of(request)
+
     def _depth(self, request_id: str, phase: Phase) -> int:
         plan = self.plans.get(request_id)
         if plan is not None and plan[0] is phase:
@@ -98,9 +107,12 @@ class DepthController:
         """Trim each running request's drafts to its depth; returns what was decided."""
         decisions: Decisions = {}
         drafting: list[tuple[Any, Phase, int]] = []
+        seen = self._seen
+        seen.clear()
         for request in running:
             phase = self.phase_of(request)
             req_id = request.request_id
+            seen[req_id] = (phase, len(request.output_token_ids))
             if request.spec_token_ids:
                 drafting.append((request, phase, self._depth(req_id, phase)))
             else:  # no drafts: none offered (-1), or none asked for (depth 0 planned)
@@ -151,7 +163,7 @@ class DepthController:
         """
         planned = []
         for request in scheduled:
-            phase = self.phase_of(request)
+            phase = self._phase_now(request)
             k = self.policy.depth(phase, request.request_id)
             self.plans[request.request_id] = (phase, k)
             planned.append(k)
@@ -200,6 +212,7 @@ class DepthController:
 
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+        self._seen.pop(request_id, None)
         self.plans.pop(request_id, None)
         self.confidences.pop(request_id, None)
         self.verifying.pop(request_id, None)
