@@ -3,8 +3,9 @@
 
 Drives ``DepthController`` exactly as the scheduler hook does (set_confidences for policies that
 gate on draft confidences, before_schedule, then plan_drafts, after_output with the step's
-counts, which calibrates the confidences, and a step time, which the cost model fits) over fake
-requests, and prints microseconds per request-step.  Target: < 20 us.  Pure Python; no vLLM needed.  With torch installed it also
+counts, which calibrates the confidences, and a step time and the drafter depth ``plan_drafts``
+asked for, which the cost model fits) over fake requests, and prints microseconds per
+request-step.  Target: < 20 us.  Pure Python; no vLLM needed.  With torch installed it also
 prints the worker-side capture cost per step (the confidence feature over a step's draft logits,
 for the testbed's vocabulary and DeepSeek-V4's).  Marker sets: DeepSeek-V4's
 single tokens (the fast path), and gpt-oss harmony's three-token channel headers (sequences
