@@ -636,3 +636,38 @@ def test_the_offset_context_of_a_phase_is_refreshed_every_few_observations():
     policy.observe(R, 2, 2, "easy")
     refreshed = policy._context(R)
     assert refreshed is not first and refreshed[0] == policy.phase_rates(R)
+
+
+def test_drafting_probes_one_position_more_and_one_fewer():
+    """With confidences flowing, the drafting depth is probed both ways: one more keeps gains
+    measured, one fewer keeps a step that drafts less in the cost fit (with the idle drafter
+    skipped, a step that drafts nothing is the only one that shows what drafting costs)."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.1, prior_weight=5.0,
+                            draft_token_cost_ratio=0.2)
+    policy.confidence_seen = True  # costs not learned yet: the phase default, 1, is drafted
+    ks = [policy.depth(R, "a") for _ in range(5000)]
+    assert ks.count(2) / len(ks) == pytest.approx(0.1, abs=0.02)
+    assert ks.count(0) / len(ks) == pytest.approx(0.1, abs=0.02)
+    floor = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.1, prior_weight=5.0, min_depth=1,
+                           draft_token_cost_ratio=0.2)
+    floor.confidence_seen = True
+    assert min(floor.depth(R, "a") for _ in range(500)) == 1  # never below min_depth
+    parallel = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.1, prior_weight=5.0)
+    parallel.confidence_seen = True  # a parallel drafter's positions cost nothing apart: never fewer
+    assert min(parallel.depth(R, "a") for _ in range(500)) == 1
+
+
+def test_a_phase_drafts_its_default_positions_until_their_gated_gain_is_measured():
+    """draft_model on the testbed, first request: costs learned while reasoning, the answer not
+    yet seen.  Its prior rates alone said drafting does not pay, so nothing was drafted, nothing
+    gated, and the answer ran at depth 0 for the whole request.  A never-gated position within
+    the phase default is drafted until gated drafts say what it gains."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=False, explore=0.0, prior_weight=5.0,
+                            verify_cost_ratio=0.5, draft_token_cost_ratio=0.5)
+    policy.calibrators[A].theta = [1.0, 0.0, 0.0]
+    policy.confidence_seen = True
+    assert policy._rate_survival(A, 0) * (1.0 - policy.cost.split()[0]) < policy.cost.split()[1]
+    assert policy.depth(A, "a") == 2 and policy.depth(R, "a") == 1  # the defaults
+    for _ in range(200):
+        policy.gate([(A, "a", [-4.0, -4.0], 2)])  # doubtful drafts: measured, then dropped
+    assert policy.depth(A, "a") == 0

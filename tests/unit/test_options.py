@@ -13,7 +13,9 @@ def test_defaults():
 
 
 def test_round_trip_through_dict():
-    opts = parse_options({"reasoning_depth": 0, "answer_depth": 1, "reasoning_start_ids": [5],
+    assert parse_options({}, 2).skip_idle_drafter
+    assert not parse_options({"skip_idle_drafter": False}, 2).skip_idle_drafter
+    opts = parse_options({"reasoning_depth": 0, "answer_depth": 1, "reasoning_start_ids": [5], "skip_idle_drafter": False,
                           "reasoning_end_ids": [6, 9], "adaptive": {"explore": 0.1}}, 3)
     assert parse_options(opts.to_dict(), 3) == opts
 
@@ -51,6 +53,7 @@ def test_marker_sequences_resets_and_default_phase_round_trip():
         ({"adaptive": {"explore": 0.9}}, 2, "adaptive.explore"),
         ({"adaptive": {"bogus": 1}}, 2, "adaptive.bogus"),
         ({"log_interval_s": float("nan")}, 2, "log_interval_s"),
+        ({"skip_idle_drafter": "yes"}, 2, "skip_idle_drafter"),
         ("reasoning_depth=1", 2, "dspark_dynamic"),
     ],
 )

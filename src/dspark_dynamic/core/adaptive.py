@@ -645,7 +645,8 @@ class AdaptivePolicy:
 
     def _draft_depth(self, phase: Phase) -> int:
         """Positions to draft for a request's next step: the leading positions whose gated gain
-        beats their drafting cost (unseen ones: the most the phase's acceptance rates allow)."""
+        beats their drafting cost (never gated ones: drafted within the phase default, beyond it
+        if the most the phase's acceptance rates allow beats the cost)."""
         costs = self.cost.view()
         verify, draft = costs.verify, costs.draft
         if not costs.known:
@@ -654,10 +655,15 @@ class AdaptivePolicy:
             depth = self.n  # a parallel drafter drafts every position in one pass
         else:
             depth = 0
+            default = self.defaults[phase]
             first = verify + costs.fixed_share  # the first verified draft also pays the step term
             for j, record in enumerate(self.gains[phase]):
                 v = first if j == 0 else verify
-                if record is None:  # never gated: the most the phase's rates allow
+                if record is None:  # never gated: the phase default's positions are drafted until
+                    # their gain is measured (learn without losing); deeper ones if the phase's rates allow
+                    if j < default:
+                        depth = j + 1
+                        continue
                     gain = self._rate_survival(phase, j) * (1.0 - v) if v < 1.0 else 0.0
                 else:
                     gain = record.at(v)
@@ -666,8 +672,16 @@ class AdaptivePolicy:
                 depth = j + 1
         if depth < self.min_depth:
             depth = self.min_depth
-        if self.explore and depth < self.n and self._rng.random() < self.explore:
-            depth += 1
+        if self.explore:
+            # probes: one position more keeps gains measured; one fewer keeps a step that drafts
+            # less in the cost fit, so it can tell drafting from the intercept (where the idle
+            # drafter is skipped, a step that drafts nothing is the only shape that shows it)
+            r = self._rng.random()
+            if r < self.explore:
+                if depth < self.n:
+                    depth += 1
+            elif r < 2.0 * self.explore and depth > self.min_depth and draft > 0.0:
+                depth -= 1  # (a parallel drafter's positions cost nothing apart: no fewer)
         return depth
 
     def _rate_survival(self, phase: Phase, position: int) -> float:

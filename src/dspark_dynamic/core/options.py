@@ -70,6 +70,9 @@ class DynamicDepthOptions:
     log_interval_s: float = 10.0
     trace_path: str | None = None
     bound_drafts: bool = True  # ask the drafter for no more drafts than the next step verifies
+    # draft_model: a step that drafts nothing for anyone skips the drafter's forward; the next
+    # forward catches its cache up (adapter/patches/drafter_skip.py)
+    skip_idle_drafter: bool = True
     adaptive: AdaptiveOptions = AdaptiveOptions()
 
     @property
@@ -205,6 +208,9 @@ def parse_options(raw: Any, num_speculative_tokens: int | None) -> DynamicDepthO
     bound_drafts = raw.get("bound_drafts", True)
     if not isinstance(bound_drafts, bool):
         raise _fail("bound_drafts", bound_drafts, "true or false")
+    skip_idle_drafter = raw.get("skip_idle_drafter", True)
+    if not isinstance(skip_idle_drafter, bool):
+        raise _fail("skip_idle_drafter", skip_idle_drafter, "true or false")
     start_ids = _ids("reasoning_start_ids", raw.get("reasoning_start_ids"))
     end_ids = _ids("reasoning_end_ids", raw.get("reasoning_end_ids"))
     reset_ids = _ids("reasoning_reset_ids", raw.get("reasoning_reset_ids"))
@@ -228,6 +234,7 @@ def parse_options(raw: Any, num_speculative_tokens: int | None) -> DynamicDepthO
         log_interval_s=_float("log_interval_s", raw.get("log_interval_s", 10.0), 0.0, 86400.0),
         trace_path=trace_path,
         bound_drafts=bound_drafts,
+        skip_idle_drafter=skip_idle_drafter,
         adaptive=_adaptive(raw.get("adaptive"), n),
     )
 

@@ -6,6 +6,7 @@ SPEC: {"model": path, "speculative_config": {...} | null, "additional_config": {
        "batches": [[{"prompt_ids": [...], "max_tokens": N, ...sampling params}, ...], ...],
        "engine": {extra LLM kwargs}, "abort_storm": {...} (optional),
        "verifier": "reference" | "blind" (optional: patch vLLM's rejection sampler, tests only),
+       "record_drafts": true (optional: every proposal and the idle-skip counters, tests only),
        "faults": [null | {"at": point, "after": N}, ...] (optional, one per batch: fault
        injection, tests only; see dspark_dynamic.testing.faults)}
 Each batch is one ``LLM.generate`` call; vLLM's spec-decode counters and the controller's
@@ -85,6 +86,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         from dspark_dynamic.testing import faults
 
         faults.install(spec["faults"])
+    if spec.get("record_drafts"):  # tests: every proposal the drafter returns
+        from dspark_dynamic.testing import draft_recorder
+
+        draft_recorder.install()
     llm = LLM(**kwargs)
     init_s = time.monotonic() - t0
     from dspark_dynamic.adapter.patches.scheduler import latest_controller
@@ -124,6 +129,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             report["batches"][-1]["fail_open"] = faults.report(llm)
     if "abort_storm" in spec:
         report["abort_storm"] = abort_storm(llm, spec["abort_storm"])
+    if spec.get("record_drafts"):
+        report["drafts"] = draft_recorder.report()
     if hook := latest_controller():
         hook.controller.stats.close()
     return report

@@ -239,6 +239,25 @@ def _write_model(out: Path, transitions: dict[int, int] | list[tuple], seed: int
     save_model(out, tensors, {**base_config("LlamaForCausalLM", "llama", 1, hidden), "intermediate_size": inter})
 
 
+def _write_context_model(out: Path, transitions: dict[int, int], seed: int, hidden: int = HIDDEN) -> None:
+    """A 1-layer Llama whose attention speaks: every earlier position's value reaches the
+    logits, so what it drafts depends on its whole KV cache, not only on the last token."""
+    import torch
+
+    tensors, g = chain_tensors(transitions, seed, hidden)
+    tensors.update(silent_attention(0, g, hidden))
+    p = "model.layers.0.self_attn."
+    tensors[p + "q_proj.weight"] = torch.randn(hidden, hidden, generator=g) * 0.3
+    tensors[p + "k_proj.weight"] = torch.randn(hidden, hidden, generator=g) * 0.3
+    tensors[p + "v_proj.weight"] = torch.randn(hidden, hidden, generator=g) * 0.15
+    tensors[p + "o_proj.weight"] = torch.randn(hidden, hidden, generator=g) * 0.15
+    inter = hidden
+    tensors["model.layers.0.mlp.gate_proj.weight"] = torch.randn(inter, hidden, generator=g) * 0.02
+    tensors["model.layers.0.mlp.up_proj.weight"] = torch.randn(inter, hidden, generator=g) * 0.02
+    tensors["model.layers.0.mlp.down_proj.weight"] = torch.zeros(hidden, inter)
+    save_model(out, tensors, {**base_config("LlamaForCausalLM", "llama", 1, hidden), "intermediate_size": inter})
+
+
 def build_cached(kind: str, spec: dict, script: Script, write: Callable[[Path], None]) -> Path:
     """Build a model once into the content-addressed cache (``write(tmpdir)`` writes its weights)."""
     key = hashlib.sha256(json.dumps({"v": BUILDER_VERSION, "kind": kind, **spec}, sort_keys=True).encode())
@@ -265,6 +284,13 @@ def build_target(script: Script = Script()) -> Path:
     """The deterministic target (also the oracle draft: identical weights)."""
     return build_cached("target", {"script": asdict(script), "seed": 0}, script,
                         lambda out: _write_model(out, script.successor(), seed=0))
+
+
+def build_context_draft(script: Script = Script()) -> Path:
+    """A draft for ``build_target`` whose drafts depend on its KV cache (a hole in the cache
+    changes them): the chain model plus a loud attention layer."""
+    return build_cached("context-draft", {"script": asdict(script), "seed": 3}, script,
+                        lambda out: _write_context_model(out, script.successor(), seed=3))
 
 
 def phase_draft_transitions(

@@ -1,0 +1,49 @@
+"""Record every proposal a Model Runner V1 drafter returns (tests; in-process engines only).
+
+``install()`` wraps ``GPUModelRunner.propose_draft_token_ids``: each non-empty proposal is kept
+as ``[request number, query start position, draft ids]`` rows (request number: order of first
+appearance, stable across engines fed the same prompts); ``report()`` returns them with the
+drafter's idle-skip counters.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+_proposals: list[list[list[Any]]] = []
+_numbers: dict[str, int] = {}
+_skip_state: Any = None
+
+
+def install() -> None:
+    import torch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from dspark_dynamic.adapter.patches.drafter_skip import ATTR
+
+    original = GPUModelRunner.propose_draft_token_ids
+
+    @functools.wraps(original)
+    def propose_draft_token_ids(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _skip_state
+        out = original(self, *args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.numel():
+            n = out.shape[0]
+            ids = self.input_batch.req_ids[:n]
+            starts = self.input_batch.num_computed_tokens_cpu[:n].tolist()
+            rows = [[_numbers.setdefault(ids[i], len(_numbers)), starts[i], row] for i, row in enumerate(out.tolist())]
+            _proposals.append(rows)
+        if hasattr(self, "drafter"):
+            _skip_state = self.drafter.__dict__.get(ATTR) or _skip_state
+        return out
+
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def report() -> dict[str, Any]:
+    state = _skip_state
+    skip = None if state is None else {"skipped_steps": state.lag.skipped_steps,
+                                       "caught_up_positions": state.lag.caught_up_positions,
+                                       "lost_positions": state.lost_positions}
+    return {"proposals": _proposals, "skip": skip}
