@@ -51,6 +51,19 @@ def raw_options(additional_config: Any) -> Any | None:
     return None
 
 
+def worker_options(vllm_config: Any) -> DynamicDepthOptions | None:
+    """The parsed options as a worker sees them (no markers resolved), or None when the plugin is
+    not configured or its options are bad (reported where the controller is built)."""
+    raw = raw_options(getattr(vllm_config, "additional_config", None))
+    n = getattr(getattr(vllm_config, "speculative_config", None), "num_speculative_tokens", None)
+    if raw is None or not n:
+        return None
+    try:
+        return parse_options(raw, n)
+    except DynamicDepthConfigError:
+        return None
+
+
 def tokenizer_getter(model_config: Any):
     def get() -> Any:
         if model_config is None or getattr(model_config, "skip_tokenizer_init", False):

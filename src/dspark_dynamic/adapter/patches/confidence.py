@@ -31,12 +31,11 @@ import functools
 import logging
 from typing import Any
 
-from dspark_dynamic.adapter.build import raw_options
+from dspark_dynamic.adapter.build import worker_options
 from dspark_dynamic.adapter.fail_open import FailOpen
 from dspark_dynamic.adapter.patches.scheduler import GUARD as SCHEDULER_GUARD
 from dspark_dynamic.adapter.patching import Patch, Where
 from dspark_dynamic.core.confidence import FEATURE_CLAMP, feature_of_log_prob
-from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options
 
 logger = logging.getLogger("vllm.dspark_dynamic")
 
@@ -50,15 +49,8 @@ _GREEDY_EPS = 1e-5  # a temperature at or below this samples greedily (features 
 
 def confidence_wanted(vllm_config: Any) -> bool:
     """The configured policy gates on draft confidences."""
-    raw = raw_options(getattr(vllm_config, "additional_config", None))
-    n = getattr(getattr(vllm_config, "speculative_config", None), "num_speculative_tokens", None)
-    if raw is None or not n:
-        return False
-    try:
-        options = parse_options(raw, n)
-    except DynamicDepthConfigError:
-        return False  # reported where the controller is built
-    return options.policy == "adaptive" and options.adaptive.confidence
+    options = worker_options(vllm_config)
+    return options is not None and options.policy == "adaptive" and options.adaptive.confidence
 
 
 def _scaled(logits: Any, temperature: Any) -> Any:

@@ -35,11 +35,10 @@ import logging
 import weakref
 from typing import Any
 
-from dspark_dynamic.adapter.build import raw_options
+from dspark_dynamic.adapter.build import worker_options
 from dspark_dynamic.adapter.fail_open import FailOpen
 from dspark_dynamic.adapter.patching import Patch, Where
 from dspark_dynamic.core.drafter_lag import DrafterLag, Row
-from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options
 
 logger = logging.getLogger("vllm.dspark_dynamic")
 
@@ -51,15 +50,8 @@ _SKIP = object()
 
 def skip_wanted(vllm_config: Any) -> bool:
     """The configured controller asks for the idle drafter to be skipped."""
-    raw = raw_options(getattr(vllm_config, "additional_config", None))
-    n = getattr(getattr(vllm_config, "speculative_config", None), "num_speculative_tokens", None)
-    if raw is None or not n:
-        return False
-    try:
-        options = parse_options(raw, n)
-    except DynamicDepthConfigError:
-        return False  # reported where the controller is built
-    return options.skip_idle_drafter and options.bound_drafts
+    options = worker_options(vllm_config)
+    return options is not None and options.skip_idle_drafter and options.bound_drafts
 
 
 def why_not_skippable(proposer: Any, runner: Any) -> str | None:
@@ -100,9 +92,9 @@ class DrafterSkip:
         qsl = cad.query_start_loc_cpu[: batch + 1].tolist()
         return [Row(req_id, starts[i], qsl[i + 1] - qsl[i]) for i, req_id in enumerate(batch_ids)]
 
-    def try_skip(self, cad: Any) -> bool:
+    def try_skip(self, cad: Any, rows: list[Row] | None = None) -> bool:
         """A step that drafts nothing: skip the drafter if no request would lag too far."""
-        rows = self.rows(cad)
+        rows = self.rows(cad) if rows is None else rows
         lag = self.lag
         if len(lag) > len(rows):
             lag.prune(self.runner().requests)
@@ -114,9 +106,9 @@ class DrafterSkip:
     def plan(self, proposer: Any, args: dict[str, Any]) -> Any:
         """``_SKIP``, None (vLLM's call as it is) or the arguments to replace (a catch-up)."""
         cad = args["common_attn_metadata"]
-        if args["num_speculative_tokens"] == 0 and self.try_skip(cad):
-            return _SKIP
         rows = self.rows(cad)
+        if args["num_speculative_tokens"] == 0 and self.try_skip(cad, rows):
+            return _SKIP
         lag = self.lag
         catch = lag.catch_up(rows)
         total = sum(catch)
