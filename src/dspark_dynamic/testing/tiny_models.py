@@ -226,31 +226,20 @@ def base_config(architecture: str, model_type: str, layers: int, hidden: int = H
 
 
 def _write_model(out: Path, transitions: dict[int, int] | list[tuple], seed: int, hidden: int = HIDDEN,
-                 orthogonal: bool = False) -> None:
-    """A 1-layer Llama: attention and MLP write nothing (o_proj, down_proj zero)."""
+                 orthogonal: bool = False, loud_attention: bool = False) -> None:
+    """A 1-layer Llama: attention and MLP write nothing (o_proj, down_proj zero).
+
+    ``loud_attention``: the attention speaks instead, so every earlier position's value reaches
+    the logits and what the model predicts depends on its whole KV cache, not only on the last
+    token."""
     import torch
 
     tensors, g = chain_tensors(transitions, seed, hidden, orthogonal)
     tensors.update(silent_attention(0, g, hidden))
-    inter = hidden
-    tensors["model.layers.0.mlp.gate_proj.weight"] = torch.randn(inter, hidden, generator=g) * 0.02
-    tensors["model.layers.0.mlp.up_proj.weight"] = torch.randn(inter, hidden, generator=g) * 0.02
-    tensors["model.layers.0.mlp.down_proj.weight"] = torch.zeros(hidden, inter)
-    save_model(out, tensors, {**base_config("LlamaForCausalLM", "llama", 1, hidden), "intermediate_size": inter})
-
-
-def _write_context_model(out: Path, transitions: dict[int, int], seed: int, hidden: int = HIDDEN) -> None:
-    """A 1-layer Llama whose attention speaks: every earlier position's value reaches the
-    logits, so what it drafts depends on its whole KV cache, not only on the last token."""
-    import torch
-
-    tensors, g = chain_tensors(transitions, seed, hidden)
-    tensors.update(silent_attention(0, g, hidden))
-    p = "model.layers.0.self_attn."
-    tensors[p + "q_proj.weight"] = torch.randn(hidden, hidden, generator=g) * 0.3
-    tensors[p + "k_proj.weight"] = torch.randn(hidden, hidden, generator=g) * 0.3
-    tensors[p + "v_proj.weight"] = torch.randn(hidden, hidden, generator=g) * 0.15
-    tensors[p + "o_proj.weight"] = torch.randn(hidden, hidden, generator=g) * 0.15
+    if loud_attention:
+        p = "model.layers.0.self_attn."
+        for name, scale in (("q_proj", 0.3), ("k_proj", 0.3), ("v_proj", 0.15), ("o_proj", 0.15)):
+            tensors[f"{p}{name}.weight"] = torch.randn(hidden, hidden, generator=g) * scale
     inter = hidden
     tensors["model.layers.0.mlp.gate_proj.weight"] = torch.randn(inter, hidden, generator=g) * 0.02
     tensors["model.layers.0.mlp.up_proj.weight"] = torch.randn(inter, hidden, generator=g) * 0.02
@@ -290,7 +279,7 @@ def build_context_draft(script: Script = Script()) -> Path:
     """A draft for ``build_target`` whose drafts depend on its KV cache (a hole in the cache
     changes them): the chain model plus a loud attention layer."""
     return build_cached("context-draft", {"script": asdict(script), "seed": 3}, script,
-                        lambda out: _write_context_model(out, script.successor(), seed=3))
+                        lambda out: _write_model(out, script.successor(), seed=3, loud_attention=True))
 
 
 def phase_draft_transitions(
