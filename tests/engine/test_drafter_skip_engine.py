@@ -1,6 +1,7 @@
-"""Skipping the draft_model forward on steps that draft nothing, in a real vLLM engine: the
+"""Steps that draft nothing, in a real vLLM engine: the draft_model forward is skipped (the
 drafter's cache is caught up before it drafts again, so it proposes exactly what it proposes
-when its forward runs every step."""
+when its forward runs every step), and so is vLLM's rejection sampler (test_sampling.py shows
+the plain sampler's tokens and logprobs are plain decoding's)."""
 
 import pytest
 
@@ -75,6 +76,12 @@ def tp2_skipping(target, context_draft, tmp_path_factory):
         tp2 = {**spec(target, context_draft, True), "record_drafts": False, "batches": BATCHES[1:],
                "engine": {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}}
         return run_in_subprocess(tp2, tmp_path_factory.mktemp("drafter_skip_tp2"))
+
+
+def test_steps_without_drafts_skip_the_rejection_sampler(skipping):
+    steps = skipping["drafts"]["rejection_steps"]  # {deepest draft of the step: steps}
+    assert steps.get("0", 0) == 0  # ~300 reasoning steps at depth 0 took the plain branch
+    assert sum(steps.values()) > 40  # the answers' steps verified their drafts there
 
 
 def test_tensor_parallel_ranks_skip_together(tp2_skipping, skipping):

@@ -131,3 +131,22 @@ def test_confidence_gating_stays_lossless(engine, model):
     assert stat < CHI2_CRITICAL_0001[df], (stat, a_share)
     v = batch["vllm"]
     assert sum(p["accepted"] for p in batch["phases"].values()) == v["vllm:spec_decode_num_accepted_tokens"]
+
+
+def test_steps_without_drafts_sample_exactly_as_plain_decoding(engine, model):
+    """At depth 0 throughout, vLLM's plain sampler samples every step (the rejection sampler
+    never runs): seeded tokens and their logprobs are plain decoding's."""
+    batch = [{"prompt_ids": branch_prompt(i % 2 == 0), "max_tokens": 2 * BRANCHES, "temperature": 1.0,
+              "seed": i, "logprobs": 1} for i in range(16)]
+    idle = engine("sampling_depth0_seeded", {"model": model, "batches": [batch], "speculative_config": NGRAM,
+                                             "additional_config": {"dspark_dynamic": {"reasoning_depth": 0, "answer_depth": 0}},
+                                             "record_drafts": True})
+    plain = engine("sampling_plain_seeded", {"model": model, "batches": [batch]})
+    assert idle["drafts"]["rejection_steps"] == {}  # vLLM's own path: every step through it, at 0 drafts
+    ours, theirs = idle["batches"][0], plain["batches"][0]
+    assert ours["outputs"] == theirs["outputs"]
+    assert len({tuple(o) for o in ours["outputs"]}) > 4  # the seeds sampled different walks
+    branch_logprobs = [lp[0] for lp in ours["logprobs"]]  # each sample's first token is a fair branch
+    assert branch_logprobs == pytest.approx([-0.693] * 16, abs=0.01)
+    for a, b in zip(ours["logprobs"], theirs["logprobs"]):
+        assert a == pytest.approx(b, abs=1e-4)

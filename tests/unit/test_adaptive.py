@@ -671,3 +671,66 @@ def test_a_phase_drafts_its_default_positions_until_their_gated_gain_is_measured
     for _ in range(200):
         policy.gate([(A, "a", [-4.0, -4.0], 2)])  # doubtful drafts: measured, then dropped
     assert policy.depth(A, "a") == 0
+
+
+def _fit_steps(policy, shapes, repeat):
+    """Feed decode steps of the given (verified, drafted, seconds) shapes, interleaved."""
+    for _ in range(repeat):
+        for verified, drafted, seconds in shapes:
+            policy.observe_step(seconds, verified, 1, drafted)
+
+
+def test_a_default_position_is_drafted_until_the_learned_costs_have_seen_a_step_verify_that_deep():
+    """draft_model on the testbed (dm6): costs learned from steps at depths 0-1 only, where the
+    first verified draft also pays the switch to the verification path, priced every draft like
+    the first; the answer's gated gains then said stop, and depth 2 was never measured.  Within
+    the phase default a position is drafted until a step that verifies that many drafts is fitted;
+    then the gains decide."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0,
+                            draft_token_cost_ratio=0.2)
+    policy.calibrators[A].theta = [1.0, 0.0, 0.0]
+    # 12.7 ms idle, 19.8 ms verifying 1, 25.5 ms verifying 1 and drafting 1 (the testbed's medians)
+    _fit_steps(policy, [(0, 0, 0.0127), (1, 0, 0.0198), (1, 1, 0.0255), (0, 0, 0.0127)], 40)
+    costs = policy.cost.view()
+    assert costs.learned is not None and policy.cost.depths == {0, 1}
+    assert costs.draft > 0.3  # each drafted position priced at a third of a step and more
+    for _ in range(300):
+        policy.gate([(A, "a", [-1.0, -1.0], 2)])  # gated gains below the drafting cost
+    assert policy.depth(A, "a") == 2  # depth 2 unmeasured: the default is drafted
+    assert policy.depth(R, "a") < 2
+    _fit_steps(policy, [(2, 2, 0.040), (0, 0, 0.0127), (1, 1, 0.0255)], 60)  # deeper steps: costly
+    assert 2 in policy.cost.depths
+    assert policy.depth(A, "a") < 2  # measured: the gains decide
+
+
+def test_a_drafter_that_catches_up_after_idle_steps_keeps_those_steps_out_of_the_cost_fit():
+    """With the idle drafter skipped, the first drafting step after one that drafted nothing also
+    runs the drafter over the positions it missed: counted, not fitted."""
+    shapes = [(0, 0, 0.0125), (0, 0, 0.0125), (0, 1, 0.040), (1, 1, 0.020), (1, 0, 0.019)]
+    catching = AdaptivePolicy(2, {R: 1, A: 2}, draft_token_cost_ratio=0.2, drafter_catches_up=True)
+    plain = AdaptivePolicy(2, {R: 1, A: 2}, draft_token_cost_ratio=0.2)
+    for policy in (catching, plain):
+        _fit_steps(policy, shapes, 60)
+    assert catching.cost.caught_up == 60 and plain.cost.caught_up == 0
+    assert (0.0, 1.0) not in {(v, d) for _r, v, d in catching.cost.shapes}
+    assert (0.0, 1.0) in {(v, d) for _r, v, d in plain.cost.shapes}
+    assert catching.cost.view().draft < plain.cost.view().draft
+
+
+def test_without_confidences_a_phase_keeps_its_default_until_the_costs_have_seen_it():
+    """The phase path (no confidences) of the same trap: costs fitted over depths 0-1 price the
+    answer's second draft like its first, and depth 0 scores best; the default stays until a
+    step that verifies as deep is fitted."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0,
+                            draft_token_cost_ratio=0.2, confidence=False)
+    _fit_steps(policy, [(0, 0, 0.0127), (1, 0, 0.0198), (1, 1, 0.0255), (0, 0, 0.0127)], 40)
+    for _ in range(50):
+        policy.observe(A, 2, 2, "a")
+        policy.observe(A, 2, 1, "a")  # 3 of 4 drafts accepted
+    costs = policy.cost.view()
+    assert costs.learned is not None and policy.cost.depths == {0, 1}
+    assert best_depth(policy.phase_rates(A), 0, 2, costs.per_token, costs.fixed_share)[0] < 2
+    assert policy.depth(A, "a") == 2  # depth 2 unmeasured: the default stands
+    _fit_steps(policy, [(2, 2, 0.040), (0, 0, 0.0127), (1, 1, 0.0255)], 60)  # deeper steps: costly
+    assert 2 in policy.cost.depths
+    assert policy.depth(A, "b") < 2  # measured: the costs decide

@@ -155,3 +155,56 @@ def test_the_patched_propose_returns_no_drafts_without_the_forward_when_skipping
     assert call(2, 6).shape == (1, 2) and calls == [[5, 6]]
     drafter.__dict__[ATTR] = None  # detached (or not configured): vLLM's call, forward included
     assert call(0, 7).shape == (1, 0) and calls[-1] == [7]
+
+
+def test_the_patched_runner_returns_before_preparing_the_drafters_inputs_on_a_skipped_step():
+    """The runner's wrapper reads ``common_attn_metadata`` wherever the caller put it (vLLM
+    passes it positionally) and skips vLLM's method only when the drafter skips."""
+    from dspark_dynamic.adapter.patches.drafter_skip import _runner_propose
+
+    calls = []
+
+    def original(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+                 sample_hidden_states, aux_hidden_states, spec_decode_metadata, common_attn_metadata,
+                 slot_mappings):
+        calls.append(common_attn_metadata.num_reqs)
+        state.lag.catch_up(state.rows(common_attn_metadata))  # what the proposer's wrapper does first
+        return torch.zeros(common_attn_metadata.num_reqs, scheduler_output.num_spec_tokens_to_schedule)
+
+    propose = _runner_propose(original)
+    block_table = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]], dtype=torch.int32)
+    runner = FakeRunner(["a"], [5], np.arange(64, dtype=np.int32).reshape(1, 64))
+    runner.drafter = SimpleNamespace()
+    runner.drafter.__dict__[ATTR] = state = DrafterSkip(runner)
+
+    def call(k, start, keyword=False):
+        runner.input_batch.num_computed_tokens_cpu = np.array([start])
+        cad, _ = step_metadata([start], [1], block_table)
+        out = SimpleNamespace(num_spec_tokens_to_schedule=k)
+        if keyword:
+            return propose(runner, out, None, None, None, None, None, None, common_attn_metadata=cad, slot_mappings=None)
+        return propose(runner, out, None, None, None, None, None, None, cad, None)
+
+    assert call(0, 5).shape == (1, 0) and calls == [] and state.lag.skipped_steps == 1
+    assert call(0, 6, keyword=True).shape == (1, 0) and calls == [] and state.lag.skipped_steps == 2
+    assert runner._draft_probs is None
+    assert call(2, 7).shape == (1, 2) and calls == [1]  # drafts: vLLM's method runs
+    assert state.lag.behind("a") is None  # ... and the proposer caught the cache up
+    # a step that would leave the request more than max_lag behind runs the forward
+    state.lag.max_lag = 2
+    assert call(0, 8).shape == (1, 0) and call(0, 9).shape == (1, 0) and calls == [1]  # at most 2 behind
+    assert call(0, 10).shape == (1, 0) and calls == [1, 1]  # would be 3 behind: vLLM's method runs
+
+
+def test_the_argument_reader_finds_an_argument_by_position_or_keyword():
+    import inspect
+
+    from dspark_dynamic.adapter.patches.drafter_skip import argument_reader
+
+    def method(self, a, b, c=None):
+        pass
+
+    read = argument_reader(inspect.signature(method), "b")
+    assert read((1, 2), {}) == 2 and read((1,), {"b": 3}) == 3
+    with pytest.raises(TypeError, match="'d'"):
+        argument_reader(inspect.signature(method), "d")

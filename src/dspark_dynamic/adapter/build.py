@@ -122,11 +122,11 @@ def resolve_options(
     return options, markers
 
 
-def build_policy(options: DynamicDepthOptions) -> DepthPolicy:
+def build_policy(options: DynamicDepthOptions, drafter_catches_up: bool = False) -> DepthPolicy:
     if options.policy == "adaptive":
         from dspark_dynamic.core.adaptive import AdaptivePolicy
 
-        return AdaptivePolicy.from_options(options)
+        return AdaptivePolicy.from_options(options, drafter_catches_up)
     return PhasePolicy(options.reasoning_depth, options.answer_depth)
 
 
@@ -192,8 +192,21 @@ def build_controller(vllm_config: Any) -> BuiltController | None:
     options = resolve_draft_cost(options, getattr(vllm_config.speculative_config, "method", None))
     batch_depth = resolve_batch_depth(options, vllm_config)
     trace = open(options.trace_path, "a", buffering=1) if options.trace_path else None
-    controller = DepthController(markers.detector(), build_policy(options), batch_depth, PhaseStats(trace))
+    policy = build_policy(options, expects_drafter_catch_up(options, vllm_config))
+    controller = DepthController(markers.detector(), policy, batch_depth, PhaseStats(trace))
     return BuiltController(options, markers, batch_depth, controller, trace, confidence_status(options, vllm_config))
+
+
+def expects_drafter_catch_up(options: DynamicDepthOptions, vllm_config: Any) -> bool:
+    """The workers skip the drafter on steps that draft nothing and catch its cache up on its
+    next run (``adapter/patches/drafter_skip.py``).  A worker may still refuse (data parallel,
+    M-RoPE: it says so at start-up); the cost model then merely fits a few steps less."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    return bool(
+        options.skip_idle_drafter and options.bound_drafts
+        and getattr(spec, "method", None) == "draft_model"
+        and not getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False)
+    )
 
 
 def resolve_draft_cost(options: DynamicDepthOptions, method: str | None) -> DynamicDepthOptions:

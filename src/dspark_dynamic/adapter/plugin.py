@@ -21,10 +21,18 @@ _registered_pid: int | None = None
 def all_patches() -> tuple:
     """Every patch, in the order a request meets them: argument parsing (API server or ``LLM``),
     then the engine core's scheduler, then the GPU worker."""
-    from dspark_dynamic.adapter.patches import confidence, confidence_v2, config_alias, cudagraph, drafter_skip, scheduler
+    from dspark_dynamic.adapter.patches import (
+        confidence,
+        confidence_v2,
+        config_alias,
+        cudagraph,
+        drafter_skip,
+        scheduler,
+        zero_draft_sampling,
+    )
 
     return (config_alias.PATCHES + scheduler.PATCHES + confidence.PATCHES + drafter_skip.PATCHES
-            + confidence_v2.PATCHES + cudagraph.PATCHES)
+            + zero_draft_sampling.PATCHES + confidence_v2.PATCHES + cudagraph.PATCHES)
 
 
 def register() -> None:

@@ -255,6 +255,15 @@ class StepCostModel:
       term the noise can fake would swing every first draft); otherwise the linear fit stands.
     ``verified`` and ``drafted`` move together when one request runs alone; only their sum is
     needed then.  All learned costs are in units of one request's share of a depth-0 step.
+
+    ``drafter_catches_up``: the drafter skips its forward on steps that draft nothing and, on
+    its next run, first runs over the positions it missed (``draft_model``,
+    ``adapter/patches/drafter_skip.py``).  The first drafting step after one that drafted
+    nothing then carries that catch-up (up to 64 positions), once per return to drafting: it
+    says nothing about what drafting costs step after step, so it is counted (``caught_up``)
+    and not fitted.  Fitted, sporadic drafting steps (probes from depth 0) priced every drafted
+    position at up to three times its steady cost, and a policy that believed it stopped
+    drafting even where 94 % of drafts were accepted.
     """
 
     FEATURES = 5  # 1, requests, verified drafts, drafted positions, any draft verified
@@ -269,8 +278,11 @@ class StepCostModel:
     BAND_Z = 1.0  # a band of one standard error around a learned cost
 
     def __init__(self, verify: float, draft: float, draft_token: float = 0.0, learn: bool = True,
-                 forget: float = 0.998) -> None:
+                 forget: float = 0.998, drafter_catches_up: bool = False) -> None:
         self.prior = (verify + draft_token) / (1.0 + draft)
+        self.drafter_catches_up = drafter_catches_up
+        self._last_drafted = -1  # the previous step's drafted positions (-1: none seen)
+        self.caught_up = 0  # drafting steps not fitted: each followed a step that drafted nothing
         self.prior_split = verify / (verify + draft_token) if verify + draft_token > 0 else 1.0
         self.learn = learn
         self.forget = forget
@@ -295,6 +307,10 @@ class StepCostModel:
         path: O(1)); the fits are solved every ``REFRESH`` steps (``REFRESH_LEARNING`` until
         the costs are learned, and once at ``MIN_SAMPLES``)."""
         if not self.learn or num_requests <= 0 or seconds <= 0:
+            return
+        previous, self._last_drafted = self._last_drafted, draft_depth
+        if self.drafter_catches_up and draft_depth > 0 and previous == 0:
+            self.caught_up += 1
             return
         if self.skipped < self.WARMUP:
             self.skipped += 1
@@ -520,6 +536,7 @@ class AdaptivePolicy:
         window: float = 400.0,
         confidence: bool = True,
         seed: int = 0,
+        drafter_catches_up: bool = False,
     ) -> None:
         self.n = num_speculative_tokens
         self.min_depth = min(min_depth, self.n)
@@ -533,7 +550,8 @@ class AdaptivePolicy:
         self._phase_rates: dict[Phase, list[float]] = {}  # phase_rates, until the next observation
         self.persistence = {p: Persistence(window) for p in Phase}
         self.requests: dict[str, _RequestState] = {}
-        self.cost = StepCostModel(verify_cost_ratio, draft_cost_ratio, draft_token_cost_ratio, learn_cost)
+        self.cost = StepCostModel(verify_cost_ratio, draft_cost_ratio, draft_token_cost_ratio, learn_cost,
+                                  drafter_catches_up=drafter_catches_up)
         self._rng = random.Random(seed)
         # draft confidences: None = off; calibrators start learning when the first ones arrive
         self.calibrators = {p: ConfidenceCalibrator(self.n) for p in Phase} if confidence else None
@@ -543,7 +561,7 @@ class AdaptivePolicy:
         self._contexts: dict[Phase, tuple[int, tuple]] = {}  # per phase: (observations then, ``_context``)
 
     @classmethod
-    def from_options(cls, options: Any) -> "AdaptivePolicy":
+    def from_options(cls, options: Any, drafter_catches_up: bool = False) -> "AdaptivePolicy":
         a = options.adaptive
         return cls(
             options.num_speculative_tokens,
@@ -558,6 +576,7 @@ class AdaptivePolicy:
             prior_weight=a.prior_weight,
             window=a.window,
             confidence=a.confidence,
+            drafter_catches_up=drafter_catches_up,
         )
 
     # -- estimates ----------------------------------------------------------------------
@@ -594,6 +613,8 @@ class AdaptivePolicy:
             best, scores = best_depth(rates, self.min_depth, self.n, costs.per_token, costs.fixed_share)
             if best != default and not self._beats_default(rates, best, default):
                 best = default  # within the cost model's uncertainty: the default may be as good
+            elif best < default and costs.learned is not None and not self._measured_through(default):
+                best = default  # the default's depth is priced by extrapolation until a step shows it
             state = self._state(request_id)
             if state is not None:
                 state.estimate.age()
@@ -608,6 +629,11 @@ class AdaptivePolicy:
             if self.learn_cost and chosen > self.min_depth:
                 return chosen - 1
         return chosen
+
+    def _measured_through(self, depth: int) -> bool:
+        """The learned costs have fitted steps that verify each of 1..depth drafts (per request)."""
+        measured = self.cost.depths
+        return all(k in measured for k in range(1, depth + 1))
 
     def _beats_default(self, rates: list[float], k: int, default: int) -> bool:
         """Depth ``k`` scores above ``default`` at both ends of the learned cost's band."""
@@ -645,8 +671,13 @@ class AdaptivePolicy:
 
     def _draft_depth(self, phase: Phase) -> int:
         """Positions to draft for a request's next step: the leading positions whose gated gain
-        beats their drafting cost (never gated ones: drafted within the phase default, beyond it
-        if the most the phase's acceptance rates allow beats the cost)."""
+        beats their drafting cost.  Within the phase default a position is drafted while it was
+        never gated, or while the learned costs have not yet seen a step that verifies that many
+        drafts (a fit over shallower steps prices a deeper one by extrapolation: on the testbed a
+        fit over depths 0-1 charged the second draft the first one's switch to the verification
+        path, three times its cost, and the answer stopped drafting for good).  Beyond the default
+        a never-gated position is drafted if the most the phase's acceptance rates allow beats
+        the cost."""
         costs = self.cost.view()
         verify, draft = costs.verify, costs.draft
         if not costs.known:
@@ -657,13 +688,19 @@ class AdaptivePolicy:
             depth = 0
             default = self.defaults[phase]
             first = verify + costs.fixed_share  # the first verified draft also pays the step term
-            for j, record in enumerate(self.gains[phase]):
+            gains = self.gains[phase]
+            learned = costs.learned is not None
+            measured = self.cost.depths
+            forced = 0  # learn without losing: through the default's deepest unmeasured position
+            for j in range(min(default, len(gains))):
+                if gains[j] is None or (learned and j + 1 not in measured):
+                    forced = j + 1
+            for j, record in enumerate(gains):
                 v = first if j == 0 else verify
-                if record is None:  # never gated: the phase default's positions are drafted until
-                    # their gain is measured (learn without losing); deeper ones if the phase's rates allow
-                    if j < default:
-                        depth = j + 1
-                        continue
+                if j < forced:
+                    depth = j + 1
+                    continue
+                if record is None:  # never gated beyond the default: drafted if the phase's rates allow
                     gain = self._rate_survival(phase, j) * (1.0 - v) if v < 1.0 else 0.0
                 else:
                     gain = record.at(v)

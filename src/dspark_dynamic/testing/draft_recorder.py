@@ -3,7 +3,8 @@
 ``install()`` wraps ``GPUModelRunner.propose_draft_token_ids``: each non-empty proposal is kept
 as ``[request number, query start position, draft ids]`` rows (request number: order of first
 appearance, stable across engines fed the same prompts); ``report()`` returns them with the
-drafter's idle-skip counters.
+drafter's idle-skip counters, and how many steps vLLM's rejection sampler verified, by the
+step's deepest draft (``max_spec_len``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 _proposals: list[list[list[Any]]] = []
 _numbers: dict[str, int] = {}
 _skip_state: Any = None
+_rejection_steps: dict[int, int] = {}
 
 
 def install() -> None:
@@ -40,10 +42,21 @@ def install() -> None:
 
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
 
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    verify = RejectionSampler.forward
+
+    @functools.wraps(verify)
+    def forward(self: Any, metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        _rejection_steps[metadata.max_spec_len] = _rejection_steps.get(metadata.max_spec_len, 0) + 1
+        return verify(self, metadata, *args, **kwargs)
+
+    RejectionSampler.forward = forward
+
 
 def report() -> dict[str, Any]:
     state = _skip_state
     skip = None if state is None else {"skipped_steps": state.lag.skipped_steps,
                                        "caught_up_positions": state.lag.caught_up_positions,
                                        "lost_positions": state.lost_positions}
-    return {"proposals": _proposals, "skip": skip}
+    return {"proposals": _proposals, "skip": skip, "rejection_steps": dict(_rejection_steps)}

@@ -6,7 +6,8 @@ SPEC: {"model": path, "speculative_config": {...} | null, "additional_config": {
        "batches": [[{"prompt_ids": [...], "max_tokens": N, ...sampling params}, ...], ...],
        "engine": {extra LLM kwargs}, "abort_storm": {...} (optional),
        "verifier": "reference" | "blind" (optional: patch vLLM's rejection sampler, tests only),
-       "record_drafts": true (optional: every proposal and the idle-skip counters, tests only),
+       "record_drafts": true (optional: every proposal, the idle-skip counters and the rejection
+       sampler's steps by deepest draft, tests only),
        "faults": [null | {"at": point, "after": N}, ...] (optional, one per batch: fault
        injection, tests only; see dspark_dynamic.testing.faults)}
 Each batch is one ``LLM.generate`` call; vLLM's spec-decode counters and the controller's
@@ -108,7 +109,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         params = [
             SamplingParams(temperature=r.get("temperature", 0.0), max_tokens=r.get("max_tokens", 256),
                            n=r.get("n", 1), seed=r.get("seed"), stop=r.get("stop"),
-                           stop_token_ids=r.get("stop_token_ids"), ignore_eos=r.get("ignore_eos", False))
+                           stop_token_ids=r.get("stop_token_ids"), ignore_eos=r.get("ignore_eos", False),
+                           logprobs=r.get("logprobs"))
             for r in batch
         ]
         t = time.monotonic()
@@ -119,6 +121,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "seconds": time.monotonic() - t,
                 "outputs": [list(o.outputs[0].token_ids) for o in outputs],
                 "all_outputs": [[list(c.token_ids) for c in o.outputs] for o in outputs],
+                "logprobs": [sampled_logprobs(o.outputs[0]) for o in outputs],
                 "vllm": spec_counters(llm),
                 "phases": hook.controller.stats.snapshot() if hook else None,
                 "live_states": len(hook.controller.states) if hook else None,
@@ -134,6 +137,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if hook := latest_controller():
         hook.controller.stats.close()
     return report
+
+
+def sampled_logprobs(completion: Any) -> list[float] | None:
+    """The logprob of each sampled token (None unless the request asked for logprobs)."""
+    if completion.logprobs is None:
+        return None
+    return [float(step[token].logprob) for token, step in zip(completion.token_ids, completion.logprobs)]
 
 
 def confidence_reports(hook: Any) -> dict[str, Any] | None:

@@ -85,12 +85,13 @@ class DrafterSkip:
         self.lost_positions = 0  # catch-ups that did not fit the drafter's buffer
 
     def rows(self, cad: Any) -> list[Row]:
-        runner = self.runner()
+        """The step's rows (host data only: one tensor-to-NumPy view, no torch slicing, which
+        costs tens of microseconds per call on a CPU engine)."""
         batch = cad.num_reqs
-        batch_ids = runner.input_batch.req_ids[:batch]
-        starts = runner.input_batch.num_computed_tokens_cpu[:batch].tolist()
-        qsl = cad.query_start_loc_cpu[: batch + 1].tolist()
-        return [Row(req_id, starts[i], qsl[i + 1] - qsl[i]) for i, req_id in enumerate(batch_ids)]
+        input_batch = self.runner().input_batch
+        starts = input_batch.num_computed_tokens_cpu[:batch].tolist()
+        qsl = cad.query_start_loc_cpu.numpy()[: batch + 1].tolist()
+        return [Row(req_id, starts[i], qsl[i + 1] - qsl[i]) for i, req_id in enumerate(input_batch.req_ids[:batch])]
 
     def try_skip(self, cad: Any, rows: list[Row] | None = None) -> bool:
         """A step that drafts nothing: skip the drafter if no request would lag too far."""
@@ -164,6 +165,21 @@ def extend_queries(proposer: Any, token_table: Any, rows: list[Row], catch: list
     return {"target_token_ids": new_ids, "target_positions": new_positions, "common_attn_metadata": new_cad}
 
 
+def argument_reader(signature: inspect.Signature, name: str):
+    """``read(args, kwargs)``: the argument ``name`` of a call of a method with ``signature``
+    (``args`` without ``self``), without binding the whole call (``Signature.bind`` costs tens of
+    microseconds, on a path that runs every engine step)."""
+    names = list(signature.parameters)
+    if name not in names:
+        raise TypeError(f"no parameter {name!r} in {signature}")
+    index = names.index(name) - 1  # args exclude self
+
+    def read(args: tuple, kwargs: dict) -> Any:
+        return args[index] if index < len(args) else kwargs[name]
+
+    return read
+
+
 # Faults here detach the skip from that drafter only: vLLM runs its forward every step again.
 GUARD = FailOpen(ATTR, fallback="this drafter runs its forward on every step (vLLM's own behaviour)")
 
@@ -232,22 +248,23 @@ def _runner_propose(original):
     is skipped when the proposer would skip: in sync scheduling its outputs feed the drafter
     only."""
     where = "GPUModelRunner.propose_draft_token_ids"
-    signature = inspect.signature(original)
+    read_cad = argument_reader(inspect.signature(original), "common_attn_metadata")
 
     @functools.wraps(original)
-    def propose_draft_token_ids(self, scheduler_output: Any, *args: Any, **kwargs: Any):
+    def propose_draft_token_ids(self, *args: Any, **kwargs: Any):
         drafter = getattr(self, "drafter", None)
         state = getattr(drafter, "__dict__", {}).get(ATTR)
-        if state is None or getattr(scheduler_output, "num_spec_tokens_to_schedule", None) != 0:
-            return original(self, scheduler_output, *args, **kwargs)
+        if state is None or getattr(args[0] if args else kwargs.get("scheduler_output"),
+                                    "num_spec_tokens_to_schedule", None) != 0:
+            return original(self, *args, **kwargs)
         try:
-            cad = signature.bind(self, scheduler_output, *args, **kwargs).arguments["common_attn_metadata"]
+            cad = read_cad(args, kwargs)
             skip = state.try_skip(cad)
         except Exception as exc:
             GUARD.trip(drafter, where, exc)
             skip = False
         if not skip:
-            return original(self, scheduler_output, *args, **kwargs)
+            return original(self, *args, **kwargs)
         import torch
 
         self._draft_probs = None  # what vLLM's method resets before drafting
