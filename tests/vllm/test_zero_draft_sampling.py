@@ -55,3 +55,11 @@ def test_wanted_only_for_a_configured_synchronous_runner():
     assert not plain_sampling_wanted(Runner())
     assert not plain_sampling_wanted(Runner(raw={}, async_scheduling=True))
     assert not plain_sampling_wanted(SimpleNamespace())  # an unknown runner keeps vLLM's path
+
+
+def test_a_metadata_without_max_spec_len_keeps_vllms_path():
+    seen = []
+    sample = _sample(lambda self, logits, spec_decode_metadata: seen.append(spec_decode_metadata))
+    unknown = SimpleNamespace(num_draft_tokens=[0])  # an unknown vLLM's metadata: no max_spec_len
+    sample(Runner(raw={}), "logits", unknown)
+    assert seen == [unknown]

@@ -197,13 +197,19 @@ def build_controller(vllm_config: Any) -> BuiltController | None:
     return BuiltController(options, markers, batch_depth, controller, trace, confidence_status(options, vllm_config))
 
 
+def idle_drafter_skip_requested(options: DynamicDepthOptions) -> bool:
+    """The options ask the workers to skip an idle drafter (it is asked for 0 drafts only when
+    drafts are bound to the plans)."""
+    return options.skip_idle_drafter and options.bound_drafts
+
+
 def expects_drafter_catch_up(options: DynamicDepthOptions, vllm_config: Any) -> bool:
     """The workers skip the drafter on steps that draft nothing and catch its cache up on its
     next run (``adapter/patches/drafter_skip.py``).  A worker may still refuse (data parallel,
     M-RoPE: it says so at start-up); the cost model then merely fits a few steps less."""
     spec = getattr(vllm_config, "speculative_config", None)
     return bool(
-        options.skip_idle_drafter and options.bound_drafts
+        idle_drafter_skip_requested(options)
         and getattr(spec, "method", None) == "draft_model"
         and not getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False)
     )

@@ -35,7 +35,7 @@ import logging
 import weakref
 from typing import Any
 
-from dspark_dynamic.adapter.build import worker_options
+from dspark_dynamic.adapter.build import idle_drafter_skip_requested, worker_options
 from dspark_dynamic.adapter.fail_open import FailOpen
 from dspark_dynamic.adapter.patching import Patch, Where
 from dspark_dynamic.core.drafter_lag import DrafterLag, Row
@@ -51,7 +51,7 @@ _SKIP = object()
 def skip_wanted(vllm_config: Any) -> bool:
     """The configured controller asks for the idle drafter to be skipped."""
     options = worker_options(vllm_config)
-    return options is not None and options.skip_idle_drafter and options.bound_drafts
+    return options is not None and idle_drafter_skip_requested(options)
 
 
 def why_not_skippable(proposer: Any, runner: Any) -> str | None:
@@ -85,8 +85,7 @@ class DrafterSkip:
         self.lost_positions = 0  # catch-ups that did not fit the drafter's buffer
 
     def rows(self, cad: Any) -> list[Row]:
-        """The step's rows (host data only: one tensor-to-NumPy view, no torch slicing, which
-        costs tens of microseconds per call on a CPU engine)."""
+        """The step's rows, from host data (the batch's computed tokens, the query start offsets)."""
         batch = cad.num_reqs
         input_batch = self.runner().input_batch
         starts = input_batch.num_computed_tokens_cpu[:batch].tolist()

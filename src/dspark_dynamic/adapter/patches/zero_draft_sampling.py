@@ -57,11 +57,12 @@ def _decide(runner: Any) -> bool:
 def _sample(original):
     @functools.wraps(original)
     def _sample(self: Any, logits: Any, spec_decode_metadata: Any, *args: Any, **kwargs: Any):
-        if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0:
+        if spec_decode_metadata is not None:
             wanted = self.__dict__.get(ATTR)
             if wanted is None:
                 wanted = _decide(self)
-            if wanted:
+            # getattr: a metadata without the field (an unknown vLLM) keeps vLLM's own path
+            if wanted and getattr(spec_decode_metadata, "max_spec_len", None) == 0:
                 return original(self, logits, None, *args, **kwargs)
         return original(self, logits, spec_decode_metadata, *args, **kwargs)
 
