@@ -1,3 +1,4 @@
+import copy
 import math
 import random
 
@@ -15,6 +16,13 @@ from dspark_dynamic.core.phase import Phase
 from dspark_dynamic.core.simulate import CostModel, bimodal_trace, compare, drift_trace, seed_like_trace
 
 R, A = Phase.REASONING, Phase.ANSWER
+
+
+def calibrate(policy: AdaptivePolicy, phase: Phase, theta: list[float]) -> None:
+    """Give a phase's calibrator these coefficients, as if learned: the gate trusts it at once
+    (``MIN_LABELS`` waived)."""
+    policy.calibrators[phase].theta = list(theta)
+    policy.MIN_LABELS = 0
 
 
 def feed(estimate_or_policy, p, steps, k, rng, phase=R, req=None):
@@ -300,7 +308,7 @@ def test_confidence_off_keeps_the_acceptance_policy():
 
 def test_gate_verifies_confident_drafts_and_skips_doubtful_ones():
     policy = make_policy(prior_weight=1.0)
-    policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+    calibrate(policy, R, [1.0, 0.0, 0.0])
     sure, doubtful = [6.0, 6.0], [-3.0, -3.0]
     assert policy.gate([(R, "a", sure, 2), (R, "b", doubtful, 2), (R, "c", sure, 1)]) == [2, 0, 1]
     assert policy.gate([(R, "a", sure, 2), (R, "b", doubtful, 2)], uniform="max") == [2, 2]
@@ -311,7 +319,7 @@ def test_parallel_drafter_drafts_every_position_once_confidences_flow():
     policy.gate([(R, "a", [0.0, 0.0], 2)])
     assert policy.depth(R, "a") == 2  # drafting is free: the gate decides what is verified
     sequential = make_policy(draft_token_cost_ratio=0.3)
-    sequential.calibrators[R].theta = [1.0, 0.0, 0.0]
+    calibrate(sequential, R, [1.0, 0.0, 0.0])
     for _ in range(200):  # doubtful drafts: their gated gain is below what drafting one costs
         sequential.gate([(R, "a", [-2.0, -2.0], 2)])
     assert sequential.depth(R, "a") == 0
@@ -341,7 +349,7 @@ def test_learning_costs_never_go_shallower_than_the_phase_default_either():
     assert policy.cost.learned() is None
     assert best_depth(policy.phase_rates(R), 0, 2, policy.cost.per_token)[0] == 0
     assert {policy.depth(R, "a") for _ in range(20)} == {1}
-    policy.calibrators[R].theta = [1.0, -3.0, -3.0]  # doubtful drafts: the gate verifies none
+    calibrate(policy, R, [1.0, -3.0, -3.0])  # doubtful drafts: the gate verifies none
     assert policy.gate([(R, "a", [0.0, 0.0], 2)]) == [0]
     for _ in range(50):
         policy.gate([(R, "a", [0.0, 0.0], 2)])
@@ -435,7 +443,7 @@ def test_before_costs_are_learned_a_default_draft_is_skipped_only_if_it_loses_at
                             draft_token_cost_ratio=0.2)
     verify, _ = policy.cost.split()
     assert policy.cost.learned() is None and verify == pytest.approx((0.5 + 0.2) / 1.04 * (0.5 / 0.7), rel=1e-6)
-    policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+    calibrate(policy, R, [1.0, 0.0, 0.0])
     middling = _logit_of(0.35)  # survival 0.35: below the prior's verify cost, above half of it
     doubtful = _logit_of(0.15)
     assert verify / 2 < 0.35 < verify and 0.15 < verify / 2
@@ -443,7 +451,7 @@ def test_before_costs_are_learned_a_default_draft_is_skipped_only_if_it_loses_at
     assert policy.gate([(R, "a", [doubtful, doubtful], 2)]) == [0]
     given = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=False, explore=0.0, verify_cost_ratio=0.5,
                            draft_token_cost_ratio=0.2)
-    given.calibrators[R].theta = [1.0, 0.0, 0.0]
+    calibrate(given, R, [1.0, 0.0, 0.0])
     assert given.gate([(R, "a", [middling, middling], 2)]) == [0]  # a given cost is acted on
 
 
@@ -459,7 +467,7 @@ def test_one_doubtful_draft_does_not_stop_a_sequential_drafter():
                             verify_cost_ratio=0.2, draft_token_cost_ratio=0.1)
     for _ in range(100):
         policy.observe(R, 1, 1 if _ % 10 < 7 else 0, "a")  # 70 % accepted: worth drafting
-    policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+    calibrate(policy, R, [1.0, 0.0, 0.0])
     policy.gate([(R, "a", [-8.0, -8.0], 2)])  # one draft the calibrator calls hopeless
     assert policy.depth(R, "a") >= 1
 
@@ -473,7 +481,7 @@ def test_a_deeper_position_is_drafted_until_its_gated_gain_is_measured():
                                 verify_cost_ratio=0.36 * 1.04, draft_token_cost_ratio=0.1 * 1.04)
         for i in range(100):
             policy.observe(R, 2, (2, 0, 1, 0)[i % 4], "a")  # ~0.5 at each position
-        policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+        calibrate(policy, R, [1.0, 0.0, 0.0])
         assert policy.cost.split() == (pytest.approx(0.36), pytest.approx(0.1))
         policy.confidence_seen = True  # confidences flow, none gated yet
         assert policy.depth(R, "a") == 2  # not yet measured: drafted
@@ -492,7 +500,7 @@ def test_gains_measured_at_a_passing_verify_cost_do_not_stop_drafting_after_it()
     off after the cost fell to 0.2.  The gain is corrected to the current verify cost."""
     policy = AdaptivePolicy(2, {R: 2, A: 2}, learn_cost=False, explore=0.0, prior_weight=5.0,
                             verify_cost_ratio=0.77, draft_cost_ratio=0.0, draft_token_cost_ratio=0.31)
-    policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+    calibrate(policy, R, [1.0, 0.0, 0.0])
     sure = _logit_of(0.9 ** 0.5)  # survival 0.95 at the first position, 0.9 at the second
     for _ in range(300):
         policy.gate([(R, "a", [sure, sure], 2)])
@@ -574,7 +582,7 @@ def test_a_sequential_drafter_stops_drafting_where_the_first_verified_draft_does
     def policy_after(f_ms: float, survival: float) -> AdaptivePolicy:
         policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0)
         _draft_model_steps(policy, f_ms, zero_share=0.3)
-        policy.calibrators[R].theta = [1.0, 0.0, 0.0]
+        calibrate(policy, R, [1.0, 0.0, 0.0])
         for _ in range(300):
             policy.gate([(R, "a", [_logit_of(survival), -8.0], 2)])
         return policy
@@ -601,23 +609,29 @@ def test_cost_model_statistics_are_the_forgetting_sums_of_every_fitted_step():
         requests = rng.choice((1, 2, 3)) if i < 600 else 1  # the multi-request shapes fade out
         depth = rng.choice((0, 1, 2))
         verified = requests * rng.randint(0, depth)
-        seconds = 0.010 + 0.002 * requests + 0.004 * verified + 0.002 * depth + (0.003 if verified else 0.0)
+        seconds = (0.010 + 0.002 * requests + 0.004 * verified + 0.002 * depth + (0.003 if verified else 0.0)
+                   + (0.001 if depth else 0.0))
         model.update(seconds, verified, requests, depth)
         if i >= model.WARMUP:
             fitted.append((float(requests), float(verified), float(depth), seconds))
-    ref = [0.0] * 21
+    xx, xy, yy = [[0.0] * 6 for _ in range(6)], [0.0] * 6, 0.0
     for age, (r, v, d, y) in enumerate(reversed(fitted)):
         lam = 0.99 ** age
-        a = 1.0 if v > 0 else 0.0
-        xs = (1.0, r, v, d, a, r * r, r * v, r * d, r * a, v * v, v * d, v * a, d * d, d * a, a,
-              y, r * y, v * y, d * y, a * y, y * y)
-        for j, p in enumerate(xs):
-            ref[j] += lam * p
+        x = (1.0, r, v, d, 1.0 if v else 0.0, 1.0 if d else 0.0)
+        for i in range(6):
+            for j in range(6):
+                xx[i][j] += lam * x[i] * x[j]
+            xy[i] += lam * x[i] * y
+        yy += lam * y * y
     assert set(model.shapes) == {(1.0, float(v), float(d)) for d in range(3) for v in range(d + 1)}
     faded = 0.99 ** (2000 - 600)  # times 100 (1 / (1 - forget)): the most weight a dropped shape had left
-    assert model._statistics() == pytest.approx(ref, rel=1e-9, abs=1000 * faded)
-    t = model.stepped.theta  # lately one request per step: only t0 + t1 is told apart
-    assert [t[0] + t[1]] + t[2:] == pytest.approx([0.012, 0.004, 0.002, 0.003], abs=1e-6)
+    got_xx, got_xy, got_yy = model._statistics()
+    tol = dict(rel=1e-9, abs=1000 * faded)
+    assert [got_xy, got_yy] == [pytest.approx(xy, **tol), pytest.approx(yy, **tol)]
+    for got_row, row in zip(got_xx, xx):
+        assert got_row == pytest.approx(row, **tol)
+    t = model.both_steps.coef  # lately one request per step: only t0 + t1 is told apart
+    assert [t[0] + t[1]] + t[2:] == pytest.approx([0.012, 0.004, 0.002, 0.003, 0.001], abs=1e-6)
 
 
 def test_the_offset_context_of_a_phase_is_refreshed_every_few_observations():
@@ -664,7 +678,7 @@ def test_a_phase_drafts_its_default_positions_until_their_gated_gain_is_measured
     the phase default is drafted until gated drafts say what it gains."""
     policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=False, explore=0.0, prior_weight=5.0,
                             verify_cost_ratio=0.5, draft_token_cost_ratio=0.5)
-    policy.calibrators[A].theta = [1.0, 0.0, 0.0]
+    calibrate(policy, A, [1.0, 0.0, 0.0])
     policy.confidence_seen = True
     assert policy._rate_survival(A, 0) * (1.0 - policy.cost.split()[0]) < policy.cost.split()[1]
     assert policy.depth(A, "a") == 2 and policy.depth(R, "a") == 1  # the defaults
@@ -688,12 +702,12 @@ def test_a_default_position_is_drafted_until_the_learned_costs_have_seen_a_step_
     then the gains decide."""
     policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0,
                             draft_token_cost_ratio=0.2)
-    policy.calibrators[A].theta = [1.0, 0.0, 0.0]
+    calibrate(policy, A, [1.0, 0.0, 0.0])
     # 12.7 ms idle, 19.8 ms verifying 1, 25.5 ms verifying 1 and drafting 1 (the testbed's medians)
     _fit_steps(policy, [(0, 0, 0.0127), (1, 0, 0.0198), (1, 1, 0.0255), (0, 0, 0.0127)], 40)
     costs = policy.cost.view()
     assert costs.learned is not None and policy.cost.depths == {0, 1}
-    assert costs.draft > 0.3  # each drafted position priced at a third of a step and more
+    assert costs.draft + costs.drafter_share > 0.3  # drafting priced at a third of a step and more
     for _ in range(300):
         policy.gate([(A, "a", [-1.0, -1.0], 2)])  # gated gains below the drafting cost
     assert policy.depth(A, "a") == 2  # depth 2 unmeasured: the default is drafted
@@ -734,3 +748,128 @@ def test_without_confidences_a_phase_keeps_its_default_until_the_costs_have_seen
     _fit_steps(policy, [(2, 2, 0.040), (0, 0, 0.0127), (1, 1, 0.0255)], 60)  # deeper steps: costly
     assert 2 in policy.cost.depths
     assert policy.depth(A, "b") < 2  # measured: the costs decide
+
+
+def _skipped_drafter_steps(policy_or_model, idle_share: float, steps: int = 900, seed: int = 6) -> None:
+    """The testbed's draft_model steps with the idle drafter skipped (dm8 medians): 10.2 ms
+    drafting nothing, +4.5 ms once for running the drafter, +0.3 ms per drafted position, +3 ms
+    once for verifying any draft and +4.2 ms per verified draft; ``idle_share`` of the steps draft
+    nothing (a catch-up step is not generated: the model would leave it out)."""
+    rng = random.Random(seed)
+    update = getattr(policy_or_model, "observe_step", None) or policy_or_model.update
+    for _ in range(steps):
+        drafted = 0 if rng.random() < idle_share else rng.choice([1, 2, 2])
+        verified = rng.choice([0, 1, 2, 2])
+        seconds = (10.2 + (4.5 + 0.3 * drafted if drafted else 0.0) + (3.0 + 4.2 * verified if verified else 0.0)
+                   + rng.gauss(0, 0.5)) / 1000
+        update(seconds, verified, 1, drafted)
+
+
+def test_cost_model_learns_what_a_step_pays_once_for_running_the_drafter():
+    """Where the idle drafter is skipped, its first pass and input preparation are paid once per
+    drafting step: a per-position cost alone puts that in the intercept (a depth-0 step priced at
+    a drafting step's 15 ms) and prices drafting at next to nothing.  Steps that draft nothing pin
+    the step term down; with none it cannot be told from the intercept and is not used."""
+    model = StepCostModel(0.5, 0.04, 0.2)
+    _skipped_drafter_steps(model, idle_share=0.3)
+    view = model.view()
+    assert view.drafter == pytest.approx(4.5 / 10.2, abs=0.04)
+    assert view.fixed == pytest.approx(3.0 / 10.2, abs=0.04)
+    assert view.verify == pytest.approx(4.2 / 10.2, abs=0.03) and view.draft < 0.08
+    assert "drafter run +0.4" in model.describe()
+    never_idle = StepCostModel(0.5, 0.04, 0.2)
+    _skipped_drafter_steps(never_idle, idle_share=0.0)
+    assert never_idle.learned() is not None and never_idle.drafter == 0.0
+
+
+def test_drafting_pays_the_drafter_once_for_the_whole_prefix():
+    """Drafted positions are chosen as the prefix with the largest summed gain less its costs: the
+    first draft alone may not pay for running the drafter (and the first verification) while the
+    first two do.  A stop at the first unprofitable position drafted nothing in the answer here."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0,
+                            draft_token_cost_ratio=0.2)
+    _skipped_drafter_steps(policy, idle_share=0.3)
+    costs = policy.cost.view()
+    assert costs.drafter > 0.35 and 2 in policy.cost.depths
+    for phase, p in ((A, 0.95), (R, 0.8)):
+        calibrate(policy, phase, [1.0, 0.0, 0.0])
+        for _ in range(300):
+            policy.gate([(phase, "a", [_logit_of(p), _logit_of(p)], 2)])
+
+    def gains(phase: Phase) -> list[float]:
+        return [policy.gains[phase][j].at(v) for j, v in enumerate((costs.verify + costs.fixed, costs.verify))]
+
+    first, second = gains(A)
+    assert first - costs.draft < costs.drafter < first + second - 2 * costs.draft
+    assert policy.depth(A, "a") == 2
+    # reasoning: each position gains more than its forward costs, not enough to run the drafter
+    first, second = gains(R)
+    assert min(first, second) > costs.draft and first + second - 2 * costs.draft < costs.drafter
+    assert policy.depth(R, "a") == 0
+
+
+def test_a_skipped_drafter_probes_drafting_nothing_until_such_steps_are_fitted():
+    """Where the idle drafter is skipped, a request-step drafts nothing ``IDLE_PROBE`` of the time
+    until ``MIN_IDLE_FITTED`` steps that drafted nothing are fitted; then only the usual probes."""
+    def zero_share(policy: AdaptivePolicy) -> float:
+        ks = [policy.depth(A, "a") for _ in range(4000)]
+        return ks.count(0) / len(ks)
+
+    catching = AdaptivePolicy(2, {R: 1, A: 2}, explore=0.02, draft_token_cost_ratio=0.2, drafter_catches_up=True)
+    catching.confidence_seen = True
+    assert zero_share(catching) == pytest.approx(AdaptivePolicy.IDLE_PROBE, abs=0.02)
+    plain = AdaptivePolicy(2, {R: 1, A: 2}, explore=0.02, draft_token_cost_ratio=0.2)
+    plain.confidence_seen = True
+    assert zero_share(plain) == 0.0  # at depth 2 a probe one fewer is depth 1
+    _skipped_drafter_steps(catching, idle_share=0.3, steps=200)
+    assert catching.cost.idle_fitted >= AdaptivePolicy.MIN_IDLE_FITTED
+    assert zero_share(catching) < 0.01
+
+
+def test_a_phase_seen_for_the_first_time_verifies_its_default_until_its_calibrator_has_labels():
+    """dm2: the first answer came after costs were learned (a first verified draft ~0.8 of a
+    step); gated on its fresh calibrator's prior guess its drafts paid nothing, none was verified,
+    no label came, and the answer drafted nothing for four requests.  Until ``MIN_LABELS`` labels,
+    a phase verifies and drafts what its default says; then its calibrated confidences gate."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, learn_cost=True, explore=0.0, prior_weight=5.0,
+                            draft_token_cost_ratio=0.2)
+    _skipped_drafter_steps(policy, idle_share=0.3)
+    assert policy.cost.view().learned is not None and policy.confidence_seen is False
+    middling = [1.0, 1.0]  # the prior's guess: sigmoid(0.5) = 0.62, then 0.38
+    trusting = copy.deepcopy(policy)
+    trusting.MIN_LABELS = 0
+    assert trusting.gate([(A, "a", middling, 2)]) == [0]  # gated on the guess: nothing verified
+    assert trusting.depth(A, "a") < 2
+    assert policy.gate([(A, "a", middling, 2)]) == [2] and policy.depth(A, "a") == 2  # the default
+    assert policy.gate([(A, "a", middling, 2), (A, "b", middling, 2)], uniform="min") == [2, 2]
+    labels = 0
+    while labels < AdaptivePolicy.MIN_LABELS:
+        assert policy.gate([(A, "a", middling, 2)]) == [2]
+        assert policy.depth(A, "a") == 2
+        policy.observe_confidence(A, middling, 2, 2, "a")  # both accepted: two labels
+        labels += 2
+    assert policy.calibrators[A].report.labels == labels
+    doubtful = [-6.0, -6.0]
+    assert policy.gate([(A, "a", doubtful, 2)]) == [0]  # calibrated now: the gate decides
+
+
+def test_without_confidences_the_prior_alone_does_not_take_a_phase_off_its_default():
+    """dm2/dm3: the answer (95 % of drafts accepted) left its default after ``prior_weight``
+    observations, when the prior's pull toward 1/2 still read its rates as ~0.72: depth 0 scored
+    best, and an answer that drafts nothing gets no observations to correct it.  A depth below
+    the default is taken only if the phase's rates from the data alone agree; a phase whose drafts
+    do fail (reasoning, 55 %) still leaves."""
+    policy = AdaptivePolicy(2, {R: 2, A: 2}, learn_cost=True, explore=0.0, confidence=False,
+                            draft_token_cost_ratio=0.2, hysteresis=0.0)
+    _skipped_drafter_steps(policy, idle_share=0.3)
+    costs = policy.cost.view()
+    assert costs.learned is not None and 2 in policy.cost.depths
+    rng = random.Random(8)
+    feed(policy, 0.95, int(policy.prior_weight), 2, rng, phase=A, req="a")
+    feed(policy, 0.55, int(policy.prior_weight), 2, rng, phase=R, req="r")
+    shrunk, data = policy.phase_rates(A), policy.data_rates(A)
+    assert shrunk[0] < 0.75 < 0.85 < data[0]
+    assert best_depth(shrunk, 0, 2, costs.per_token, costs.step_share)[0] == 0  # the prior's verdict
+    assert best_depth(data, 0, 2, costs.per_token, costs.step_share)[0] == 2
+    assert policy.depth(A, "a") == 2
+    assert policy.depth(R, "r") < 2

@@ -16,8 +16,9 @@ Model, per phase (reasoning / answer):
   ``C(k) = 1 + draft_cost_ratio + verify_cost_ratio * k``.  The drafter runs whatever k the
   controller picks, so k = 0 still pays ``draft_cost_ratio``.  With ``learn_cost`` the costs
   are refitted from measured engine-step times (least squares with forgetting, see
-  ``StepCostModel``) once the data spans several depths, with a step term ``f`` (what a step
-  pays once for verifying any draft) when the data shows one: ``C(k) = 1 + c*k + f*[k > 0]``.
+  ``StepCostModel``) once the data spans several depths, with step terms when the data shows
+  them: ``f``, what a step pays once for verifying any draft, and ``g``, once for running the
+  drafter at all (where the idle drafter is skipped): ``C(k) = 1 + c*k + (f + g)*[k > 0]``.
 - The chosen depth maximises ``E(k) / C(k)`` over ``[min_depth, N]``, with hysteresis: a request
   moves from its current depth only for a relative gain above ``hysteresis``.  Until a phase has
   ``prior_weight`` observations the phase defaults (``reasoning_depth`` / ``answer_depth``) apply.
@@ -29,12 +30,15 @@ Model, per phase (reasoning / answer):
   default's positions and the gate only chooses which of them to verify, skipping a draft only
   if it would not pay even at ``1/PRIOR_SPREAD`` of the prior cost.  Once learned, a cost
   carries a band of one standard error: without confidences, a depth other than the default is
-  taken only if it scores better across the whole band (a flat optimum keeps the default).
+  taken only if it scores better across the whole band (a flat optimum keeps the default), and
+  a shallower one only if the phase's rates from the data alone agree (the prior's pull toward
+  1/2 is not evidence).  With confidences, a phase verifies and drafts its default until its
+  calibrator has ``MIN_LABELS`` labels (before that its survivals are the prior's guess).
 - Draft confidences (``confidence``; see confidence.py): once the drafter reports them, each
   step's depths come from the calibrated survival of each request's own drafts (``gate``), and
-  ``depth`` only says how many positions to *draft*: position j is drafted while its recent
-  gated gain, ``E[max(0, s_j - verify_cost)]``, beats what drafting it costs (a parallel
-  drafter such as DSpark drafts every position for free).  A position's gain starts from the
+  ``depth`` only says how many positions to *draft*: the prefix whose summed recent gated gains,
+  ``E[max(0, s_j - verify_cost)]``, beat most what drafting them costs (per position, and ``g``
+  once; a parallel drafter such as DSpark drafts every position for free).  A position's gain starts from the
   most the phase's rates allow (optimistic: it is drafted and measured before it is dropped)
   and moves with each gated draft; exploration drafts one more position now and then.
 """
@@ -195,40 +199,68 @@ def _invert(m: list[list[float]]) -> list[list[float]] | None:
 
 
 class _Fit:
-    """Weighted least squares on the first ``size`` features of shared statistics: the
-    coefficients, their covariance scale ``(X'WX)^-1`` and the weighted mean squared residual."""
+    """Weighted least squares on a subset of the shared statistics' features: the coefficients
+    (over all features, 0 for one outside the subset), their covariance scale ``(X'WX)^-1`` and
+    the weighted mean squared residual."""
 
-    __slots__ = ("size", "theta", "p", "sq_err")
+    __slots__ = ("features", "coef", "p", "sq_err", "_at")
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.theta = [0.0] * size
+    def __init__(self, features: tuple[int, ...], total: int) -> None:
+        self.features = features
+        self.coef = [0.0] * total
         self.p: list[list[float]] | None = None
         self.sq_err = 0.0
+        self._at = {f: i for i, f in enumerate(features)}
 
     def solve(self, xx: list[list[float]], xy: list[float], yy: float, weight: float, ridge: float) -> None:
-        """``xx``, ``xy``, ``yy``: weighted sums of x x^T, x y and y^2; ``weight``: of 1."""
-        k = self.size
-        a = [row[:k] for row in xx[:k]]
-        for i in range(k):
+        """``xx``, ``xy``, ``yy``: weighted sums of x x^T, x y and y^2 over all features;
+        ``weight``: of 1."""
+        idx = self.features
+        a = [[xx[i][j] for j in idx] for i in idx]
+        for i in range(len(idx)):
             a[i][i] += ridge
         p = _invert(a)
         if p is None:
             return
         self.p = p
-        xy = xy[:k]
-        theta = self.theta = [sum(map(mul, row, xy)) for row in p]
-        sse = yy - sum(map(mul, theta, xy))  # at the optimum: y'Wy - theta'X'Wy
-        self.sq_err = max(sse, 0.0) / max(weight - k, 1.0)
+        b = [xy[i] for i in idx]
+        theta = [sum(map(mul, row, b)) for row in p]
+        coef = [0.0] * len(xy)
+        for f, t in zip(idx, theta):
+            coef[f] = t
+        self.coef = coef
+        sse = yy - sum(map(mul, theta, b))  # at the optimum: y'Wy - theta'X'Wy
+        self.sq_err = max(sse, 0.0) / max(weight - len(idx), 1.0)
 
-    def se(self, i: int, j: int | None = None) -> float:
-        """Standard error of coefficient ``i``, or of the sum of coefficients ``i`` and ``j``."""
+    def se(self, *features: int) -> float:
+        """Standard error of the sum of the given features' coefficients (inf before a solve, or
+        for a feature outside the fit)."""
         p = self.p
-        if p is None:
+        if p is None or any(f not in self._at for f in features):
             return math.inf
-        var = p[i][i] if j is None else p[i][i] + p[j][j] + 2.0 * p[i][j]
-        var *= self.sq_err
+        at = [self._at[f] for f in features]
+        var = sum(p[i][j] for i in at for j in at) * self.sq_err
         return math.sqrt(var) if var > 0.0 else 0.0
+
+
+# features of a step, in the order of ``StepCostModel``'s statistics
+_ONE, _REQUESTS, _VERIFIED, _DRAFTED, _ANY_VERIFIED, _DRAFTER_RAN = range(6)
+
+
+def _step_features(r: float, v: float, d: float) -> tuple[float, ...]:
+    return (1.0, r, v, d, 1.0 if v > 0 else 0.0, 1.0 if d > 0 else 0.0)
+
+
+def _nonzero_terms(x: tuple[float, ...]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """A step shape's non-zero entries of x x^T (row-major upper triangle) and of x, by index."""
+    n = len(x)
+    outer, k = [], 0
+    for i in range(n):
+        for j in range(i, n):
+            if x[i] * x[j]:
+                outer.append((k, x[i] * x[j]))
+            k += 1
+    return outer, [(i, v) for i, v in enumerate(x) if v]
 
 
 class StepCostModel:
@@ -242,17 +274,24 @@ class StepCostModel:
 
     Learned, on decode-only steps (the adapter excludes prefill steps and idle time) after the
     first ``WARMUP`` (a fresh engine's first steps are slow for reasons no depth explains):
-    ``step_seconds ~ t0 + t_req * requests + d * verified + c * drafted [+ f * any_verified]``,
-    least squares with exponential forgetting over shared statistics (kept per step shape: a
-    single stream has a handful of shapes, and a step adds to one), residuals clipped at a few
-    mean absolute errors (a stray slow step on a shared machine does not drag the fit).  Two
-    fits share the statistics:
-    - *linear* (no ``f``): every verified draft costs ``d``;
-    - *stepped*: a step that verifies any draft pays ``f`` once on top (on the testbed's
-      draft_model a first verified draft cost 7 ms and a second 4.8 ms: the step switches to
-      the verification path, and the target reads more of its experts).  It is used only when
-      ``f`` is positive and pinned down (its standard error below ``MAX_REL_SE`` of it: a step
-      term the noise can fake would swing every first draft); otherwise the linear fit stands.
+    ``step_seconds ~ t0 + t_req * requests + d * verified + c * drafted
+    [+ f * any_verified] [+ g * drafter_ran]``, least squares with exponential forgetting over
+    shared statistics (kept per step shape: a single stream has a handful of shapes, and a step
+    adds to one), residuals clipped at a few mean absolute errors (a stray slow step on a shared
+    machine does not drag the fit).  Four fits share the statistics, tried in this order:
+    - *both steps*: ``f`` and ``g``;
+    - *verify step*: ``f`` only: a step that verifies any draft pays ``f`` once on top (on the
+      testbed's draft_model a first verified draft cost 7 ms and a second 4.8 ms: the step
+      switches to the verification path, and the target reads more of its experts);
+    - *drafter step*: ``g`` only: a step that drafts any position pays ``g`` once on top (where
+      the idle drafter is skipped, its first pass and input preparation are paid once per
+      drafting step, not per position: on the testbed 2-3 ms of a 10.5 ms step, and a second
+      drafted position a few tenths of a millisecond);
+    - *linear*: neither.
+    A fit is used when its per-token cost ``d + c`` and each of its step terms is positive and
+    pinned down (standard error below ``MAX_REL_SE`` of it, ``MAX_REL_SE_DRAFTER`` for ``g``: a
+    step term the noise can fake would swing every first draft); a step term the data cannot separate from the intercept (every
+    step verifies, or every step drafts) is never pinned, and a fit without it stands.
     ``verified`` and ``drafted`` move together when one request runs alone; only their sum is
     needed then.  All learned costs are in units of one request's share of a depth-0 step.
 
@@ -266,15 +305,20 @@ class StepCostModel:
     drafting even where 94 % of drafts were accepted.
     """
 
-    FEATURES = 5  # 1, requests, verified drafts, drafted positions, any draft verified
+    FEATURES = 6  # 1, requests, verified drafts, drafted positions, any draft verified, drafter ran
     MIN_SAMPLES = 50
     CLIP = 3.0
     WARMUP = 16  # an engine's first decode steps (caches, allocator) say nothing about depth
-    REFRESH = 64  # steps between solves once costs are learned (they move slowly; a solve takes ~30 us)
+    REFRESH = 128  # steps between solves once costs are learned (they move slowly; a solve takes ~50 us)
     REFRESH_LEARNING = 16  # ... and until then
     NEGLIGIBLE = 1e-9  # a step shape whose forgotten weight fell below this is dropped
     RIDGE = 1e-6  # keeps a direction the data never varied (collinear features) solvable
     MAX_REL_SE = 0.25  # a learned cost counts once its standard error is below this share of it
+    # ... the drafter's step term once below this share: it is large against the gains it is
+    # weighed with (a draft that pays at all gains ~1 - verify), so twice the noise still
+    # leaves a well-accepted phase drafting, while leaving it out keeps a poorly accepted one
+    # drafting at a loss (every drafting step pays it)
+    MAX_REL_SE_DRAFTER = 0.5
     BAND_Z = 1.0  # a band of one standard error around a learned cost
 
     def __init__(self, verify: float, draft: float, draft_token: float = 0.0, learn: bool = True,
@@ -283,18 +327,26 @@ class StepCostModel:
         self.drafter_catches_up = drafter_catches_up
         self._last_drafted = -1  # the previous step's drafted positions (-1: none seen)
         self.caught_up = 0  # drafting steps not fitted: each followed a step that drafted nothing
+        self.idle_fitted = 0  # fitted steps that drafted nothing (they show what the drafter costs)
         self.prior_split = verify / (verify + draft_token) if verify + draft_token > 0 else 1.0
         self.learn = learn
         self.forget = forget
         # per step shape x = (requests, verified, drafted): sums of forget^-n * (1, seconds,
         # seconds^2) over its steps n; times forget^n they are the forgetting sums (one dict
-        # update per step; the 21 sums of x x^T, x * seconds and seconds^2 are formed per solve)
+        # update per step; x x^T, x * seconds and seconds^2 are formed per solve)
         self.shapes: dict[tuple[float, float, float], list[float]] = {}
+        self._terms: dict[tuple[float, float, float], tuple] = {}  # per shape: ``_nonzero_terms``
         self._grow = 1.0 / forget
         self._weight = 1.0  # forget^-n since the last solve
         self._refresh = self.REFRESH_LEARNING
-        self.linear = _Fit(self.FEATURES - 1)
-        self.stepped = _Fit(self.FEATURES)
+        n = self.FEATURES
+        self.both_steps = _Fit((0, 1, 2, 3, 4, 5), n)
+        self.verify_step = _Fit((0, 1, 2, 3, 4), n)
+        self.drafter_step = _Fit((0, 1, 2, 3, 5), n)
+        self.linear = _Fit((0, 1, 2, 3), n)
+        self.fits = (self.both_steps, self.verify_step, self.drafter_step, self.linear)
+        self._sums: tuple = ()  # the statistics of the last solve, for the fits solved on demand
+        self._solved: set[_Fit] = set()  # the fits solved on them
         self.n = 0
         self.skipped = 0  # warm-up steps not fitted
         self.abs_err = 0.0
@@ -316,9 +368,10 @@ class StepCostModel:
             self.skipped += 1
             return
         r, v, d = float(num_requests), float(verified_tokens), float(max(draft_depth, 0))
-        a = 1.0 if verified_tokens > 0 else 0.0
-        t0, t1, t2, t3, t4 = self.stepped.theta
-        pred = t0 + t1 * r + t2 * v + t3 * d + t4 * a
+        if d == 0.0:
+            self.idle_fitted += 1
+        t0, t1, t2, t3, t4, t5 = self.both_steps.coef
+        pred = t0 + t1 * r + t2 * v + t3 * d + (t4 if v > 0 else 0.0) + (t5 if d > 0 else 0.0)
         err = seconds - pred
         if self.n >= 20 and self.abs_err > 0:
             bound = self.CLIP * self.abs_err
@@ -338,41 +391,50 @@ class StepCostModel:
         if self.n % self._refresh == 0 or self.n == self.MIN_SAMPLES:
             self._solve()
 
-    def _statistics(self) -> list[float]:
-        """The forgetting sums of the upper triangle of x x^T (x = 1, requests, verified,
-        drafted, any verified), of x * seconds and of seconds^2, flat; renormalises the shapes'
-        sums to the current step and drops the negligible ones."""
+    def _statistics(self) -> tuple[list[list[float]], list[float], float]:
+        """The forgetting sums of x x^T, x * seconds and seconds^2 (x: ``_step_features``);
+        renormalises the shapes' sums to the current step and drops the negligible ones."""
         scale = 1.0 / self._weight
         self._weight = 1.0
-        s = [0.0] * 21
+        n = self.FEATURES
+        upper = [0.0] * (n * (n + 1) // 2)  # x x^T, row-major upper triangle
+        xy = [0.0] * n
+        yy = 0.0
+        terms = self._terms
         for key in list(self.shapes):
             acc = self.shapes[key]
             w, wy, wyy = acc[0] * scale, acc[1] * scale, acc[2] * scale
             if w < self.NEGLIGIBLE:
                 del self.shapes[key]
+                terms.pop(key, None)
                 continue
             acc[0], acc[1], acc[2] = w, wy, wyy
-            r, v, d = key
-            a = 1.0 if v > 0 else 0.0
-            for i, p in enumerate((1.0, r, v, d, a, r * r, r * v, r * d, r * a, v * v, v * d, v * a,
-                                   d * d, d * a, a)):
-                s[i] += w * p
-            for i, p in enumerate((1.0, r, v, d, a), 15):
-                s[i] += wy * p
-            s[20] += wyy
-        return s
+            shape_terms = terms.get(key)
+            if shape_terms is None:
+                shape_terms = terms[key] = _nonzero_terms(_step_features(*key))
+            outer, x = shape_terms
+            for i, value in outer:
+                upper[i] += w * value
+            for i, value in x:
+                xy[i] += wy * value
+            yy += wyy
+        xx = [[0.0] * n for _ in range(n)]
+        k = 0
+        for i in range(n):
+            row = xx[i]
+            for j in range(i, n):
+                row[j] = xx[j][i] = upper[k]
+                k += 1
+        return xx, xy, yy
 
     def _solve(self) -> None:
-        s = self._statistics()
-        xx = [[s[0], s[1], s[2], s[3], s[4]],
-              [s[1], s[5], s[6], s[7], s[8]],
-              [s[2], s[6], s[9], s[10], s[11]],
-              [s[3], s[7], s[10], s[12], s[13]],
-              [s[4], s[8], s[11], s[13], s[14]]]
-        xy, yy, weight = s[15:20], s[20], s[0]
+        """Solves the fit with every term (its coefficients also predict each step, for the
+        clipping) and, in ``_choose``, the others only as far as the first that is used."""
+        xx, xy, yy = self._statistics()
+        self._sums = (xx, xy, yy, xx[0][0], self.RIDGE)
         self.depths = {round(v / r) for r, v, _d in self.shapes}
-        self.linear.solve(xx, xy, yy, weight, self.RIDGE)
-        self.stepped.solve(xx, xy, yy, weight, self.RIDGE)
+        self.both_steps.solve(*self._sums)
+        self._solved = {self.both_steps}
         self._view = None
         self._refresh = self.REFRESH if self.view().learned is not None else self.REFRESH_LEARNING
 
@@ -387,25 +449,35 @@ class StepCostModel:
         """Derive the costs again at the next ``view`` (after the prior was changed)."""
         self._view = None
 
-    def _choose(self) -> tuple[_Fit, float, float] | None:
-        """(fit, base, fixed): the fit in use, one request's share of its depth-0 step, and its
-        step term ``f`` in units of ``base`` (0 for the linear fit); None while not learned
-        (too few steps, one depth only, or a per-token cost its standard error swamps)."""
+    def _choose(self) -> tuple[_Fit, float] | None:
+        """(fit, base): the first fit whose per-token cost and step terms are positive and pinned
+        down, and one request's share of its depth-0 step; None while not learned (too few
+        steps, one depth only, or a per-token cost its standard error swamps)."""
         if not self.learn or self.n < self.MIN_SAMPLES or len(self.depths) < 2:
             return None
         b = max(self.requests, 1.0)
-        for fit in (self.stepped, self.linear):
-            t = fit.theta
-            base = (t[0] + t[1] * b) / b
-            per_token = t[2] + t[3]
-            if base <= 0 or per_token <= 0 or fit.se(2, 3) > self.MAX_REL_SE * per_token:
+        limit = self.MAX_REL_SE
+        for fit in self.fits:
+            if fit not in self._solved:
+                fit.solve(*self._sums)
+                self._solved.add(fit)
+            t = fit.coef
+            base = (t[_ONE] + t[_REQUESTS] * b) / b
+            per_token = t[_VERIFIED] + t[_DRAFTED]
+            if base <= 0 or per_token <= 0 or fit.se(_VERIFIED, _DRAFTED) > limit * per_token:
                 continue
-            if fit is self.stepped:
-                if t[4] <= 0 or fit.se(4) > self.MAX_REL_SE * t[4]:  # not pinned: the linear fit stands
-                    continue
-                return fit, base, t[4] / base
-            return fit, base, 0.0
+            if _ANY_VERIFIED in fit.features and not self._pinned(fit, _ANY_VERIFIED, limit):
+                continue
+            if _DRAFTER_RAN in fit.features and not self._pinned(fit, _DRAFTER_RAN, self.MAX_REL_SE_DRAFTER):
+                continue
+            return fit, base
         return None
+
+    @staticmethod
+    def _pinned(fit: _Fit, feature: int, limit: float) -> bool:
+        """The fit's coefficient of ``feature`` is positive, its standard error below ``limit`` of it."""
+        value = fit.coef[feature]
+        return value > 0 and fit.se(feature) <= limit * value
 
     def _derive(self) -> "CostView":
         requests = max(self.requests, 1.0)
@@ -413,19 +485,26 @@ class StepCostModel:
         if costs is None:
             total = self.prior
             return CostView(not self.learn, None, total, total * self.prior_split,
-                            total * (1.0 - self.prior_split), 0.0, 0.0, None, False)
-        fit, base, fixed = costs
-        t = fit.theta
-        total = max(0.0, min(10.0, (t[2] + t[3]) / base))
-        d, c = t[2], t[3]
-        if fit.se(2) <= self.MAX_REL_SE * d and fit.se(3) <= self.MAX_REL_SE * c:
-            verify = max(0.0, min(total, d / base))
+                            total * (1.0 - self.prior_split), 0.0, 0.0, 0.0, 0.0, None, False)
+        fit, base = costs
+        t = fit.coef
+        d, c = t[_VERIFIED], t[_DRAFTED]
+        total = max(0.0, min(10.0, (d + c) / base))
+        if d > 0 and fit.se(_VERIFIED) <= self.MAX_REL_SE * d:
+            # verify pinned down: a drafted position costs what the rest of the total says, or
+            # nothing (once the drafter's step term is split off, a further drafted position can
+            # cost too little to measure, and its estimate hovers around 0)
+            verify = min(10.0, d / base)
+            draft = max(0.0, total - verify)
+            total = verify + draft
         else:
             verify = total * self.prior_split
-        half = self.BAND_Z * fit.se(2, 3) / base
-        fixed = min(10.0, fixed)
-        return CostView(True, total, total, verify, total - verify, fixed, fixed / requests,
-                        (max(0.0, total - half), total + half), fit is self.stepped)
+            draft = total - verify
+        half = self.BAND_Z * fit.se(_VERIFIED, _DRAFTED) / base
+        fixed = min(10.0, t[_ANY_VERIFIED] / base)
+        drafter = min(10.0, t[_DRAFTER_RAN] / base)
+        return CostView(True, total, total, verify, draft, fixed, fixed / requests, drafter,
+                        drafter / requests, (max(0.0, total - half), total + half), fit is not self.linear)
 
     def learned(self) -> float | None:
         """The learned per-token cost (verify + draft), or None while the fits cannot tell
@@ -440,8 +519,14 @@ class StepCostModel:
     @property
     def fixed(self) -> float:
         """What a step pays once for verifying any draft, in units of one request's share of a
-        depth-0 step (0 unless the stepped fit is in use: a given cost has no step term)."""
+        depth-0 step (0 unless a fit with that step term is in use: a given cost has none)."""
         return self.view().fixed
+
+    @property
+    def drafter(self) -> float:
+        """What a step pays once for drafting any position, same unit (0 unless a fit with that
+        step term is in use)."""
+        return self.view().drafter
 
     def split(self) -> tuple[float, float]:
         """(verify, draft) cost per token, in units of a depth-0 step per request (see
@@ -459,18 +544,23 @@ class StepCostModel:
         if view.learned is None:
             return f"cost/token={view.per_token:.3f} (given)"
         line = f"cost/token={view.per_token:.3f} (learned: verify {view.verify:.3f}, draft {view.draft:.3f}"
-        return line + (f", first verified draft +{view.fixed:.3f})" if view.stepped else ")")
+        if view.fixed:
+            line += f", first verified draft +{view.fixed:.3f}"
+        if view.drafter:
+            line += f", drafter run +{view.drafter:.3f}"
+        return line + ")"
 
 
 class CostView(NamedTuple):
     """The costs a ``StepCostModel`` has derived since its last solve, in units of one
     request's share of a depth-0 step.
 
-    ``verify`` / ``draft``: per verified draft and per drafted position.  Learned separately once
-    verified drafts and drafted positions have varied apart (a confidence gate verifies fewer than
-    were drafted) and each part's standard error is small against its own value; else the learned
-    total split as the prior splits it (a part near zero, or one the data cannot pin down, would
-    swing the gate or the drafting decision on noise).
+    ``verify`` / ``draft``: per verified draft and per drafted position.  ``verify`` is learned
+    once its standard error is small against it, and ``draft`` is then the rest of the learned
+    total (0 if that is negative: where the drafter's step term carries its fixed cost, a further
+    drafted position may cost too little to measure); else the learned total is split as the
+    prior splits it (a verify part near zero, or one the data cannot pin down, would swing the
+    gate on noise).
     """
 
     known: bool  # given costs, or learned ones that tell depths apart
@@ -478,10 +568,17 @@ class CostView(NamedTuple):
     per_token: float  # verify + draft: learned, else the prior
     verify: float
     draft: float
-    fixed: float  # what a step pays once for verifying any draft (stepped fit only)
+    fixed: float  # what a step pays once for verifying any draft (a fit with that term only)
     fixed_share: float  # ``fixed`` over the recent mean requests per step: one request's share
+    drafter: float  # what a step pays once for drafting any position (a fit with that term only)
+    drafter_share: float  # ``drafter`` over the recent mean requests per step
     band: tuple[float, float] | None  # ``learned`` +- ``BAND_Z`` standard errors
-    stepped: bool  # the stepped fit is in use
+    stepped: bool  # a fit with a step term is in use
+
+    @property
+    def step_share(self) -> float:
+        """What one request's share of a step pays once for any draft (verified and drafted)."""
+        return self.fixed_share + self.drafter_share
 
 
 class GatedGain:
@@ -548,6 +645,7 @@ class AdaptivePolicy:
         self.prior_weight = prior_weight
         self.phase_estimates = {p: AcceptanceEstimate(self.n, window) for p in Phase}
         self._phase_rates: dict[Phase, list[float]] = {}  # phase_rates, until the next observation
+        self._data_rates: dict[Phase, list[float]] = {}  # data_rates, likewise
         self.persistence = {p: Persistence(window) for p in Phase}
         self.requests: dict[str, _RequestState] = {}
         self.cost = StepCostModel(verify_cost_ratio, draft_cost_ratio, draft_token_cost_ratio, learn_cost,
@@ -610,8 +708,8 @@ class AdaptivePolicy:
             chosen = default
         else:
             rates = self.request_rates(phase, request_id)
-            best, scores = best_depth(rates, self.min_depth, self.n, costs.per_token, costs.fixed_share)
-            if best != default and not self._beats_default(rates, best, default):
+            best, scores = best_depth(rates, self.min_depth, self.n, costs.per_token, costs.step_share)
+            if best != default and not self._beats_default(rates, best, default, phase):
                 best = default  # within the cost model's uncertainty: the default may be as good
             elif best < default and costs.learned is not None and not self._measured_through(default):
                 best = default  # the default's depth is priced by extrapolation until a step shows it
@@ -635,16 +733,36 @@ class AdaptivePolicy:
         measured = self.cost.depths
         return all(k in measured for k in range(1, depth + 1))
 
-    def _beats_default(self, rates: list[float], k: int, default: int) -> bool:
-        """Depth ``k`` scores above ``default`` at both ends of the learned cost's band."""
+    DATA_PRIOR = 1.0  # pseudo-observations in a phase's rates "from the data alone"
+
+    def data_rates(self, phase: Phase) -> list[float]:
+        """The phase's per-position rates with next to no prior: what its observations say (cached
+        until the phase's next observation)."""
+        rates = self._data_rates.get(phase)
+        if rates is None:
+            rates = self._data_rates[phase] = self.phase_estimates[phase].rates([], self.DATA_PRIOR)
+        return rates
+
+    def _beats_default(self, rates: list[float], k: int, default: int, phase: Phase | None = None) -> bool:
+        """Depth ``k`` scores above ``default`` at both ends of the learned cost's band; for a
+        ``k`` below the default, also at the phase's rates from the data alone.  (The prior pulls
+        a phase's rates toward 1/2 with ``prior_weight`` pseudo-observations: just when a phase
+        leaves its default, a 95 %-accepted answer read as ~0.72, depth 0 scored best, and the
+        answer, drafting nothing, got no observations to correct it.)"""
         costs = self.cost.view()
         band = costs.band  # None while costs are given or not yet learned
         if band is None:
             return True
-        e_k, e_d = expected_tokens(rates, k), expected_tokens(rates, default)
-        f = costs.fixed_share
-        return all(e_k / (1.0 + c * k + (f if k else 0.0)) > e_d / (1.0 + c * default + (f if default else 0.0))
-                   for c in band)
+        f = costs.step_share
+        fk, fd = (f if k else 0.0), (f if default else 0.0)
+        for r in (rates, self.data_rates(phase) if phase is not None and k < default else None):
+            if r is None:
+                break
+            e_k, e_d = expected_tokens(r, k), expected_tokens(r, default)
+            for c in band:
+                if not e_k / (1.0 + c * k + fk) > e_d / (1.0 + c * default + fd):
+                    return False
+        return True
 
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
         if verified <= 0:
@@ -652,6 +770,7 @@ class AdaptivePolicy:
             return
         self.phase_estimates[phase].update(verified, accepted)
         self._phase_rates.pop(phase, None)
+        self._data_rates.pop(phase, None)
         state = self._state(request_id)
         if state is not None:
             state.estimate.update(verified, accepted, decay=False)
@@ -667,46 +786,65 @@ class AdaptivePolicy:
     # -- draft confidences ----------------------------------------------------------------
 
     GAIN_RATE = 0.02  # memory of the per-position gated gain (about 50 request-steps)
+    # Where the idle drafter is skipped, only a step that drafts nothing shows what running the
+    # drafter costs; without one a fit extrapolates it, prices drafting at next to nothing, and
+    # the policy drafts (and verifies) where plain decoding would win.  Until MIN_IDLE_FITTED
+    # such steps are fitted, this share of request-steps drafts nothing (a bounded cost: they
+    # stop once the fit has them, or once the policy drafts nothing on its own).
+    IDLE_PROBE = 0.1
+    MIN_IDLE_FITTED = 12
+    # A phase's calibrator with fewer labels than this is its prior's guess (slope 0.5 on the
+    # feature): gated on it, a phase seen for the first time (the first answer) verified nothing
+    # once the learned verify cost was ~0.6, got no labels and stopped drafting.  Until then the
+    # phase verifies, and drafts, what its default says (learn without losing).
+    MIN_LABELS = 16
+
     PRIOR_SPREAD = 2.0  # a given (prior) cost may be off by this factor either way
 
     def _draft_depth(self, phase: Phase) -> int:
-        """Positions to draft for a request's next step: the leading positions whose gated gain
-        beats their drafting cost.  Within the phase default a position is drafted while it was
-        never gated, or while the learned costs have not yet seen a step that verifies that many
-        drafts (a fit over shallower steps prices a deeper one by extrapolation: on the testbed a
-        fit over depths 0-1 charged the second draft the first one's switch to the verification
-        path, three times its cost, and the answer stopped drafting for good).  Beyond the default
-        a never-gated position is drafted if the most the phase's acceptance rates allow beats
-        the cost."""
+        """Positions to draft for a request's next step: the prefix whose summed gated gains, less
+        what drafting them costs (per position, and once for running the drafter at all), is
+        largest.  Within the phase default a position is drafted while it was never gated, or
+        while the learned costs have not yet seen a step that verifies that many drafts (a fit
+        over shallower steps prices a deeper one by extrapolation: on the testbed a fit over
+        depths 0-1 charged the second draft the first one's switch to the verification path,
+        three times its cost, and the answer stopped drafting for good).  Beyond the default a
+        never-gated position counts the most the phase's acceptance rates allow."""
         costs = self.cost.view()
-        verify, draft = costs.verify, costs.draft
+        verify, draft, drafter = costs.verify, costs.draft, costs.drafter_share
         if not costs.known:
             depth = self.defaults[phase]  # learn without losing: draft what the phase default does
-        elif draft <= 0.0:
-            depth = self.n  # a parallel drafter drafts every position in one pass
+        elif draft <= 0.0 and drafter <= 0.0:
+            depth = self.n  # a parallel drafter drafts every position in one pass, at no extra cost
         else:
-            depth = 0
             default = self.defaults[phase]
             first = verify + costs.fixed_share  # the first verified draft also pays the step term
             gains = self.gains[phase]
             learned = costs.learned is not None
             measured = self.cost.depths
-            forced = 0  # learn without losing: through the default's deepest unmeasured position
-            for j in range(min(default, len(gains))):
-                if gains[j] is None or (learned and j + 1 not in measured):
-                    forced = j + 1
+            # learn without losing: through the default's deepest unmeasured position (all of the
+            # default while the phase's calibrator is fresh)
+            if self.calibrators[phase].report.labels < self.MIN_LABELS:
+                forced = min(default, len(gains))
+            else:
+                forced = 0
+                for j in range(min(default, len(gains))):
+                    if gains[j] is None or (learned and j + 1 not in measured):
+                        forced = j + 1
+            # net(k): the first k positions' gains less their costs; drafting nothing nets 0, and
+            # a forced prefix is the baseline that further positions must beat
+            depth, net, best = forced, -drafter, 0.0
             for j, record in enumerate(gains):
                 v = first if j == 0 else verify
-                if j < forced:
-                    depth = j + 1
-                    continue
-                if record is None:  # never gated beyond the default: drafted if the phase's rates allow
+                if record is None:  # never gated beyond the default: what the phase's rates allow
                     gain = self._rate_survival(phase, j) * (1.0 - v) if v < 1.0 else 0.0
                 else:
                     gain = record.at(v)
-                if gain <= draft:
-                    break
-                depth = j + 1
+                net += gain - draft
+                if j + 1 == forced:
+                    best = net
+                elif j + 1 > forced and net > best:
+                    depth, best = j + 1, net
         if depth < self.min_depth:
             depth = self.min_depth
         if self.explore:
@@ -717,15 +855,20 @@ class AdaptivePolicy:
             if r < self.explore:
                 if depth < self.n:
                     depth += 1
-            elif r < 2.0 * self.explore and depth > self.min_depth and draft > 0.0:
+            elif r < 2.0 * self.explore and depth > self.min_depth and (draft > 0.0 or drafter > 0.0):
                 depth -= 1  # (a parallel drafter's positions cost nothing apart: no fewer)
+            elif (r < 2.0 * self.explore + self.IDLE_PROBE and depth > self.min_depth
+                  and self.cost.drafter_catches_up and self.cost.idle_fitted < self.MIN_IDLE_FITTED):
+                depth = self.min_depth  # see IDLE_PROBE
         return depth
 
     def _rate_survival(self, phase: Phase, position: int) -> float:
-        """The phase's rates' chance that drafts 1..position+1 are all accepted."""
+        """The chance that drafts 1..position+1 are all accepted, at the higher of the phase's
+        rates and its rates from the data alone (optimistic: the prior's pull toward 1/2 does not
+        stop a well-accepted phase from being drafted and measured)."""
         survive = 1.0
-        for a in self.phase_rates(phase)[: position + 1]:
-            survive *= a
+        for a, b in zip(self.phase_rates(phase)[: position + 1], self.data_rates(phase)):
+            survive *= a if a > b else b
         return survive
 
     def _first_gain(self, phase: Phase, verify: float, position: int) -> GatedGain:
@@ -748,6 +891,7 @@ class AdaptivePolicy:
         first = verify + fixed / len(items) if items else verify  # the first draft's verify cost
         survivals = []
         requests, last_offsets, calibrators = self.requests, self.offsets, self.calibrators
+        min_labels = self.MIN_LABELS
         for phase, req, features, available in items:
             offsets = None
             state = requests.get(req)
@@ -757,7 +901,10 @@ class AdaptivePolicy:
                     offsets = _offsets(context, state.estimate)
             last_offsets[req] = offsets
             s = calibrators[phase].survival(features[:available] if available < len(features) else features, offsets)
-            if draft > 0.0 and known:  # what drafting each position gains (a parallel drafter
+            if calibrators[phase].report.labels < min_labels:  # fresh (``MIN_LABELS``): its
+                # default's drafts count as sure, the rest as hopeless
+                s = [1.0] * min(self.defaults[phase], len(s))
+            elif (draft > 0.0 or costs.drafter > 0.0) and known:  # what drafting each position gains (a parallel drafter
                 # drafts all anyway; gains against a prior cost would outlive it by ~50 steps)
                 gains = self.gains[phase]
                 for j, sj in enumerate(s):
@@ -818,7 +965,7 @@ class AdaptivePolicy:
     def describe(self, phase: Phase) -> str:
         rates = ", ".join(f"{a:.2f}" for a in self.phase_rates(phase))
         costs = self.cost.view()
-        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, costs.per_token, costs.fixed_share)
+        k, _ = best_depth(self.phase_rates(phase), self.min_depth, self.n, costs.per_token, costs.step_share)
         line = (
             f"adaptive: accept/pos=[{rates}] best depth={k} persistence={self.persistence[phase].rho():.2f} "
             f"{self.cost.describe()} observations={self.phase_estimates[phase].observations}"
