@@ -485,7 +485,7 @@ class StepCostModel:
         if costs is None:
             total = self.prior
             return CostView(not self.learn, None, total, total * self.prior_split,
-                            total * (1.0 - self.prior_split), 0.0, 0.0, 0.0, 0.0, None, False)
+                            total * (1.0 - self.prior_split), 0.0, 0.0, 0.0, 0.0, None)
         fit, base = costs
         t = fit.coef
         d, c = t[_VERIFIED], t[_DRAFTED]
@@ -504,7 +504,7 @@ class StepCostModel:
         fixed = min(10.0, t[_ANY_VERIFIED] / base)
         drafter = min(10.0, t[_DRAFTER_RAN] / base)
         return CostView(True, total, total, verify, draft, fixed, fixed / requests, drafter,
-                        drafter / requests, (max(0.0, total - half), total + half), fit is not self.linear)
+                        drafter / requests, (max(0.0, total - half), total + half))
 
     def learned(self) -> float | None:
         """The learned per-token cost (verify + draft), or None while the fits cannot tell
@@ -573,7 +573,6 @@ class CostView(NamedTuple):
     drafter: float  # what a step pays once for drafting any position (a fit with that term only)
     drafter_share: float  # ``drafter`` over the recent mean requests per step
     band: tuple[float, float] | None  # ``learned`` +- ``BAND_Z`` standard errors
-    stepped: bool  # a fit with a step term is in use
 
     @property
     def step_share(self) -> float:
