@@ -7,6 +7,7 @@ import pytest
 from dspark_dynamic.core.adaptive import (
     AcceptanceEstimate,
     AdaptivePolicy,
+    GatedGain,
     Persistence,
     StepCostModel,
     best_depth,
@@ -875,3 +876,114 @@ def test_without_confidences_the_prior_alone_does_not_take_a_phase_off_its_defau
     assert best_depth(data, 0, 2, costs.per_token, costs.step_share)[0] == 2
     assert policy.depth(A, "a") == 2
     assert policy.depth(R, "r") < 2
+
+
+def _settled(policy: AdaptivePolicy, phase: Phase, gains: list[float]) -> None:
+    """Give a phase's positions these measured gated gains (at the current verify cost, so that
+    ``at`` returns them as they are) and a calibrator that has its labels."""
+    verify = policy.cost.view().verify
+    policy.gains[phase] = [GatedGain(g, 0.0, verify) for g in gains]
+    calibrate(policy, phase, [1.0, 0.0, 0.0])
+    policy.confidence_seen = True
+
+
+def test_a_sequential_drafter_whose_learned_position_cost_is_nil_is_not_taken_for_a_parallel_one():
+    """dm6: the fit put a drafted position at 0 (and could not pin the drafter's step term), and
+    a sequential drafter was then treated as a parallel one: every request-step drafted every
+    position, no step drafted fewer, and nothing could show the fit what drafting costs.  A
+    drafter given a per-position cost keeps choosing its prefix by gains, and keeps probing one
+    fewer."""
+    def steps(policy: AdaptivePolicy) -> None:
+        rng = random.Random(3)
+        for _ in range(900):
+            drafted = 0 if rng.random() < 0.3 else rng.choice([1, 2, 2])
+            verified = rng.choice([0, 1, 2, 2])
+            seconds = 10.2 - 0.1 * drafted + (3.0 + 4.2 * verified if verified else 0.0) + rng.gauss(0, 0.3)
+            policy.observe_step(seconds / 1000, verified, 1, drafted)
+
+    sequential = AdaptivePolicy(2, {R: 1, A: 2}, explore=0.0, draft_token_cost_ratio=0.2)
+    steps(sequential)
+    costs = sequential.cost.view()
+    assert costs.learned is not None and costs.draft == 0.0 and costs.drafter == 0.0
+    _settled(sequential, R, [0.0, 0.0])  # hopeless drafts: nothing to gain from drafting them
+    assert sequential.depth(R, "a") == 0
+    parallel = AdaptivePolicy(2, {R: 1, A: 2}, explore=0.0, draft_token_cost_ratio=0.0)
+    steps(parallel)
+    _settled(parallel, R, [0.0, 0.0])
+    assert parallel.depth(R, "a") == 2  # one pass drafts every position: the gate decides
+    _settled(sequential, A, [0.5, 0.4])
+    sequential.explore = 0.05
+    ks = [sequential.depth(A, "a") for _ in range(4000)]
+    assert ks.count(1) / len(ks) == pytest.approx(0.05, abs=0.015)  # probes one fewer
+
+
+def test_positions_beyond_the_forced_prefix_must_pay_at_the_upper_ends_of_the_learned_costs():
+    """Reasoning's drafts on the testbed are near break-even, and the fit's per-position cost
+    swings by a standard error from solve to solve: a sequential drafter's prefix is drafted only
+    if its gains beat what drafting costs at the upper ends (``draft_high``,
+    ``drafter_share_high``); a parallel drafter's at the central costs."""
+    for draft_token_cost, at_midpoint in ((0.2, 0), (0.0, 1)):  # sequential, then parallel
+        policy = AdaptivePolicy(2, {R: 1, A: 2}, explore=0.0, draft_token_cost_ratio=draft_token_cost)
+        _skipped_drafter_steps(policy, idle_share=0.3)
+        costs = policy.cost.view()
+        assert costs.draft_high > costs.draft and costs.drafter_share_high > costs.drafter_share > 0
+        central = costs.draft + costs.drafter_share
+        high = costs.draft_high + costs.drafter_share_high
+        _settled(policy, R, [(central + high) / 2, 0.0])  # pays at the central costs, not at the upper ends
+        assert policy.depth(R, "a") == at_midpoint
+        _settled(policy, R, [high + 0.01, 0.0])
+        assert policy.depth(R, "a") == 1
+
+
+def test_idle_probes_resume_where_drafting_is_marginal_once_the_fitted_idle_steps_are_old():
+    """The machine's speed drifts: a depth-0 step measured only early (dm6: while the machine was
+    slow) prices every later drafting step against a stale baseline.  Once the fitted idle steps
+    weigh less than ``MIN_IDLE_RECENT``, a phase whose drafting nets less than ``MARGINAL`` of a
+    step probes drafting nothing again; one that gains more from drafting does not pay for it."""
+    def zero_share(policy: AdaptivePolicy, phase: Phase) -> float:
+        ks = [policy.depth(phase, "a") for _ in range(4000)]
+        return ks.count(0) / len(ks)
+
+    def settle(policy: AdaptivePolicy) -> None:  # at the costs learned so far
+        costs = policy.cost.view()
+        entry = costs.draft_high + costs.drafter_share_high  # one position, priced as it must pay
+        _settled(policy, R, [entry + 0.1, 0.0])  # drafting nets a tenth of a step
+        _settled(policy, A, [entry + 0.5, costs.draft_high + 0.4])  # ... nearly a step
+
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, explore=0.02, draft_token_cost_ratio=0.2, drafter_catches_up=True)
+    _skipped_drafter_steps(policy, idle_share=0.3, steps=300)
+    assert policy.cost.idle_fitted >= AdaptivePolicy.MIN_IDLE_FITTED
+    settle(policy)
+    assert policy.cost.idle_recent >= AdaptivePolicy.MIN_IDLE_RECENT
+    assert zero_share(policy, R) == pytest.approx(policy.explore, abs=0.01)  # the probes one fewer
+    _skipped_drafter_steps(policy, idle_share=0.0, steps=1500, seed=7)
+    assert policy.cost.idle_recent < AdaptivePolicy.MIN_IDLE_RECENT
+    settle(policy)
+    assert zero_share(policy, R) == pytest.approx(policy.explore + AdaptivePolicy.IDLE_PROBE, abs=0.02)
+    assert zero_share(policy, A) < 0.01
+    _skipped_drafter_steps(policy, idle_share=1.0, steps=20, seed=8)  # the probes' steps
+    assert policy.cost.idle_recent >= AdaptivePolicy.MIN_IDLE_RECENT
+    settle(policy)
+    assert zero_share(policy, R) == pytest.approx(policy.explore, abs=0.01)  # the probes one fewer
+
+
+def test_a_drafter_that_catches_up_probes_from_depth_0_at_a_quarter_of_the_rate():
+    """A probe from depth 0 also pays the drafter's catch-up where the idle drafter is skipped
+    (on the testbed ~0.8 of a step per probe of reasoning's drafts): there a phase that drafts
+    nothing probes at ``IDLE_EXPLORE`` of ``explore``; elsewhere, and at other depths, at ``explore``."""
+    def probe_share(policy: AdaptivePolicy, phase: Phase, depth: int) -> float:
+        ks = [policy.depth(phase, "a") for _ in range(8000)]
+        return ks.count(depth + 1) / len(ks)
+
+    for catches_up, rate in ((True, 0.04 * AdaptivePolicy.IDLE_EXPLORE), (False, 0.04)):
+        policy = AdaptivePolicy(2, {R: 1, A: 2}, explore=0.04, draft_token_cost_ratio=0.2,
+                                drafter_catches_up=catches_up)
+        _skipped_drafter_steps(policy, idle_share=0.3)
+        _settled(policy, R, [0.0, 0.0])  # nothing to gain: depth 0
+        assert probe_share(policy, R, 0) == pytest.approx(rate, abs=0.005)
+        costs = policy.cost.view()
+        _settled(policy, R, [costs.draft_high + costs.drafter_share_high + 0.5, 0.0])  # depth 1
+        assert probe_share(policy, R, 1) == pytest.approx(0.04, abs=0.008)
+        no_confidence = AdaptivePolicy(2, {R: 0, A: 2}, explore=0.04, confidence=False,
+                                       drafter_catches_up=catches_up)
+        assert probe_share(no_confidence, R, 0) == pytest.approx(rate, abs=0.005)

@@ -23,7 +23,8 @@ Model, per phase (reasoning / answer):
   moves from its current depth only for a relative gain above ``hysteresis``.  Until a phase has
   ``prior_weight`` observations the phase defaults (``reasoning_depth`` / ``answer_depth``) apply.
 - Exploration: with probability ``explore`` a step uses one more draft than chosen (one fewer
-  at the maximum, when costs are learned), so the estimates of deeper positions stay fresh.
+  at the maximum, when costs are learned), so the estimates of deeper positions stay fresh;
+  from depth 0 at ``IDLE_EXPLORE`` of that where the drafter catches up after idle steps.
 - Learn without losing: while learned costs cannot yet tell depths apart (too few steps, or a
   fit whose standard error is large against its value), every phase keeps its default depth
   (exploration aside, which gives the fit its second depth); with confidences it drafts the
@@ -38,7 +39,8 @@ Model, per phase (reasoning / answer):
   step's depths come from the calibrated survival of each request's own drafts (``gate``), and
   ``depth`` only says how many positions to *draft*: the prefix whose summed recent gated gains,
   ``E[max(0, s_j - verify_cost)]``, beat most what drafting them costs (per position, and ``g``
-  once; a parallel drafter such as DSpark drafts every position for free).  A position's gain starts from the
+  once; for a sequential drafter at the upper ends of their learned values beyond what the
+  phase default forces; a parallel drafter such as DSpark drafts every position for free).  A position's gain starts from the
   most the phase's rates allow (optimistic: it is drafted and measured before it is dropped)
   and moves with each gated draft; exploration drafts one more position now and then.
 """
@@ -328,6 +330,7 @@ class StepCostModel:
         self._last_drafted = -1  # the previous step's drafted positions (-1: none seen)
         self.caught_up = 0  # drafting steps not fitted: each followed a step that drafted nothing
         self.idle_fitted = 0  # fitted steps that drafted nothing (they show what the drafter costs)
+        self.idle_recent = 0.0  # ... their count with the fit's forgetting: how much they still weigh
         self.prior_split = verify / (verify + draft_token) if verify + draft_token > 0 else 1.0
         self.learn = learn
         self.forget = forget
@@ -370,6 +373,9 @@ class StepCostModel:
         r, v, d = float(num_requests), float(verified_tokens), float(max(draft_depth, 0))
         if d == 0.0:
             self.idle_fitted += 1
+            self.idle_recent = self.idle_recent * self.forget + 1.0
+        else:
+            self.idle_recent *= self.forget
         t0, t1, t2, t3, t4, t5 = self.both_steps.coef
         pred = t0 + t1 * r + t2 * v + t3 * d + (t4 if v > 0 else 0.0) + (t5 if d > 0 else 0.0)
         err = seconds - pred
@@ -484,8 +490,9 @@ class StepCostModel:
         costs = self._choose()
         if costs is None:
             total = self.prior
+            draft = total * (1.0 - self.prior_split)
             return CostView(not self.learn, None, total, total * self.prior_split,
-                            total * (1.0 - self.prior_split), 0.0, 0.0, 0.0, 0.0, None)
+                            draft, 0.0, 0.0, 0.0, 0.0, None, draft, 0.0)
         fit, base = costs
         t = fit.coef
         d, c = t[_VERIFIED], t[_DRAFTED]
@@ -503,8 +510,10 @@ class StepCostModel:
         half = self.BAND_Z * fit.se(_VERIFIED, _DRAFTED) / base
         fixed = min(10.0, t[_ANY_VERIFIED] / base)
         drafter = min(10.0, t[_DRAFTER_RAN] / base)
+        drafter_high = min(10.0, drafter + self.BAND_Z * fit.se(_DRAFTER_RAN) / base) if drafter else 0.0
         return CostView(True, total, total, verify, draft, fixed, fixed / requests, drafter,
-                        drafter / requests, (max(0.0, total - half), total + half))
+                        drafter / requests, (max(0.0, total - half), total + half),
+                        draft + half, drafter_high / requests)
 
     def learned(self) -> float | None:
         """The learned per-token cost (verify + draft), or None while the fits cannot tell
@@ -573,6 +582,10 @@ class CostView(NamedTuple):
     drafter: float  # what a step pays once for drafting any position (a fit with that term only)
     drafter_share: float  # ``drafter`` over the recent mean requests per step
     band: tuple[float, float] | None  # ``learned`` +- ``BAND_Z`` standard errors
+    # the upper ends, what a choice that must not lose prices drafting at: ``draft`` plus the
+    # learned per-token cost's ``BAND_Z`` standard errors, ``drafter_share`` plus its own
+    draft_high: float
+    drafter_share_high: float
 
     @property
     def step_share(self) -> float:
@@ -639,6 +652,9 @@ class AdaptivePolicy:
         # the phase defaults, within [min_depth, N]
         self.defaults = {p: min(max(k, self.min_depth), self.n) for p, k in default_depths.items()}
         self.learn_cost = learn_cost
+        # a forward per drafted position (draft_model, EAGLE): a learned per-position cost of 0
+        # then means the fit cannot see it, not a drafter that drafts every position in one pass
+        self.sequential = draft_token_cost_ratio > 0.0
         self.explore = explore
         self.hysteresis = hysteresis
         self.prior_weight = prior_weight
@@ -720,12 +736,25 @@ class AdaptivePolicy:
             chosen = min(chosen, current + 1)  # climb one depth at a time: a probe costs least
             if state is not None:
                 state.depth[phase] = chosen
-        if self.explore and self._rng.random() < self.explore:
+        if self.explore and self._rng.random() < self._explore_rate(chosen):
             if chosen < self.n:
                 return chosen + 1
             if self.learn_cost and chosen > self.min_depth:
                 return chosen - 1
         return chosen
+
+    # Where the drafter catches up after idle steps (``StepCostModel.drafter_catches_up``), a
+    # probe from depth 0 also pays the catch-up: on the testbed a probe of reasoning's drafts
+    # cost ~0.8 of a step (+5.5 ms catching up, +7.5 ms verifying for ~0.6 tokens), and at
+    # ``explore`` such probes cost reasoning 2.5 % against plain decoding.  They run at this
+    # share of ``explore`` there (the phase's gains and calibrator still hear from its drafts).
+    IDLE_EXPLORE = 0.25
+
+    def _explore_rate(self, depth: int) -> float:
+        """How often a request-step at ``depth`` probes one position more (or one fewer)."""
+        if depth == 0 and self.cost.drafter_catches_up:
+            return self.explore * self.IDLE_EXPLORE
+        return self.explore
 
     def _measured_through(self, depth: int) -> bool:
         """The learned costs have fitted steps that verify each of 1..depth drafts (per request)."""
@@ -792,6 +821,14 @@ class AdaptivePolicy:
     # stop once the fit has them, or once the policy drafts nothing on its own).
     IDLE_PROBE = 0.1
     MIN_IDLE_FITTED = 12
+    # ... and later, where drafting nets a phase less than MARGINAL of a step (so a probe costs
+    # little), while the fitted idle steps weigh less than MIN_IDLE_RECENT in the fit's
+    # forgetting: the machine's speed drifts, and idle steps seen only early priced every later
+    # drafting step against a depth-0 step measured while the machine was slow (dm6: a depth-0
+    # step at 14.5 ms against the 11.2 ms it then took, drafting learned as free, and reasoning
+    # drafting, at a loss, on 62 % of its steps)
+    MIN_IDLE_RECENT = 8.0
+    MARGINAL = 0.3
     # A phase's calibrator with fewer labels than this is its prior's guess (slope 0.5 on the
     # feature): gated on it, a phase seen for the first time (the first answer) verified nothing
     # once the learned verify cost was ~0.6, got no labels and stopped drafting.  Until then the
@@ -807,13 +844,20 @@ class AdaptivePolicy:
         while the learned costs have not yet seen a step that verifies that many drafts (a fit
         over shallower steps prices a deeper one by extrapolation: on the testbed a fit over
         depths 0-1 charged the second draft the first one's switch to the verification path,
-        three times its cost, and the answer stopped drafting for good).  Beyond the default a
-        never-gated position counts the most the phase's acceptance rates allow."""
+        three times its cost, and the answer stopped drafting for good).  Beyond that forced
+        prefix a sequential drafter's position must pay at the upper ends of the learned costs
+        (learn without losing: on the testbed reasoning's drafts are near break-even, and a
+        per-position cost the fit put at 0.06-0.12 of a step against a true 0.15 kept reasoning
+        drafting at a loss).  A parallel drafter's positions, drafted in one pass, cost little
+        apart, and their learned cost's band is about as wide as itself: at its upper end DFlash
+        reasoned at depth 0 on 40 % of its steps, where drafting paid.  A never-gated position
+        counts the most the phase's acceptance rates allow."""
         costs = self.cost.view()
         verify, draft, drafter = costs.verify, costs.draft, costs.drafter_share
+        value = math.inf  # what drafting the chosen prefix nets against drafting nothing
         if not costs.known:
             depth = self.defaults[phase]  # learn without losing: draft what the phase default does
-        elif draft <= 0.0 and drafter <= 0.0:
+        elif not self.sequential and draft <= 0.0 and drafter <= 0.0:
             depth = self.n  # a parallel drafter drafts every position in one pass, at no extra cost
         else:
             default = self.defaults[phase]
@@ -830,20 +874,26 @@ class AdaptivePolicy:
                 for j in range(min(default, len(gains))):
                     if gains[j] is None or (learned and j + 1 not in measured):
                         forced = j + 1
-            # net(k): the first k positions' gains less their costs; drafting nothing nets 0, and
-            # a forced prefix is the baseline that further positions must beat
-            depth, net, best = forced, -drafter, 0.0
+            # net(k): the first k positions' gains less their costs (for a sequential drafter at
+            # the upper ends beyond the forced prefix); drafting nothing nets 0, and a forced
+            # prefix is the baseline that further positions must beat
+            if self.sequential:
+                draft_high, drafter_high = costs.draft_high, costs.drafter_share_high
+            else:
+                draft_high, drafter_high = draft, drafter
+            depth, net, best = forced, -(drafter if forced else drafter_high), 0.0
             for j, record in enumerate(gains):
                 v = first if j == 0 else verify
                 if record is None:  # never gated beyond the default: what the phase's rates allow
                     gain = self._rate_survival(phase, j) * (1.0 - v) if v < 1.0 else 0.0
                 else:
                     gain = record.at(v)
-                net += gain - draft
+                net += gain - (draft if j < forced else draft_high)
                 if j + 1 == forced:
                     best = net
                 elif j + 1 > forced and net > best:
                     depth, best = j + 1, net
+            value = best
         if depth < self.min_depth:
             depth = self.min_depth
         if self.explore:
@@ -851,15 +901,24 @@ class AdaptivePolicy:
             # less in the cost fit, so it can tell drafting from the intercept (where the idle
             # drafter is skipped, a step that drafts nothing is the only shape that shows it)
             r = self._rng.random()
-            if r < self.explore:
+            if r < self._explore_rate(depth):
                 if depth < self.n:
                     depth += 1
-            elif r < 2.0 * self.explore and depth > self.min_depth and (draft > 0.0 or drafter > 0.0):
+            elif (r < 2.0 * self.explore and depth > self.min_depth
+                  and (self.sequential or draft > 0.0 or drafter > 0.0)):
                 depth -= 1  # (a parallel drafter's positions cost nothing apart: no fewer)
-            elif (r < 2.0 * self.explore + self.IDLE_PROBE and depth > self.min_depth
-                  and self.cost.drafter_catches_up and self.cost.idle_fitted < self.MIN_IDLE_FITTED):
+            elif r < 2.0 * self.explore + self.IDLE_PROBE and depth > self.min_depth and self._idle_probe_due(value):
                 depth = self.min_depth  # see IDLE_PROBE
         return depth
+
+    def _idle_probe_due(self, value: float) -> bool:
+        """A step that drafts nothing is wanted for the cost fit (see ``IDLE_PROBE``): none fitted
+        yet, or too few recent ones where drafting nets ``value < MARGINAL``."""
+        cost = self.cost
+        if not cost.drafter_catches_up:
+            return False
+        return cost.idle_fitted < self.MIN_IDLE_FITTED or (cost.idle_recent < self.MIN_IDLE_RECENT
+                                                            and value < self.MARGINAL)
 
     def _rate_survival(self, phase: Phase, position: int) -> float:
         """The chance that drafts 1..position+1 are all accepted, at the higher of the phase's
