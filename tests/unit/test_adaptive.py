@@ -987,3 +987,25 @@ def test_a_drafter_that_catches_up_probes_from_depth_0_at_a_quarter_of_the_rate(
         no_confidence = AdaptivePolicy(2, {R: 0, A: 2}, explore=0.04, confidence=False,
                                        drafter_catches_up=catches_up)
         assert probe_share(no_confidence, R, 0) == pytest.approx(rate, abs=0.005)
+
+
+def test_a_positions_first_gain_counts_the_higher_of_the_shrunk_and_the_data_only_rates():
+    """Before its first gated draft a position's gain is the most the phase's rates allow, read
+    optimistically: the prior's pull toward 1/2 (``prior_weight`` pseudo-observations) would read
+    a 95 %-accepted answer as barely worth drafting, and a position not drafted is never measured."""
+    policy = AdaptivePolicy(2, {R: 1, A: 2}, explore=0.0, prior_weight=200.0, draft_token_cost_ratio=0.2)
+    _skipped_drafter_steps(policy, idle_share=0.3)
+    feed(policy, 0.95, 30, 2, random.Random(4), phase=A, req="a")
+    shrunk, data = policy.phase_rates(A), policy.data_rates(A)
+    assert shrunk[0] < 0.65 < 0.85 < data[0]
+    calibrate(policy, A, [1.0, 0.0, 0.0])
+    costs = policy.cost.view()
+    first = costs.verify + costs.fixed  # one request: the first draft pays the step term too
+    sure = _logit_of(0.999)
+    policy.gate([(A, "a", [sure, sure], 2)])
+    started = policy.gains[A][0]
+    # one gated draft moved it by GAIN_RATE from where it started: undo that move
+    rate = AdaptivePolicy.GAIN_RATE
+    start = (started.gain - rate * (0.999 - first)) / (1.0 - rate)
+    assert start == pytest.approx(data[0] * (1.0 - first), abs=0.02)
+    assert start > shrunk[0] * (1.0 - first) + 0.1
