@@ -492,7 +492,7 @@ class StepCostModel:
             total = self.prior
             draft = total * (1.0 - self.prior_split)
             return CostView(not self.learn, None, total, total * self.prior_split,
-                            draft, 0.0, 0.0, 0.0, 0.0, None, draft, 0.0)
+                            draft, 0.0, 0.0, 0.0, 0.0, None, 0.0)
         fit, base = costs
         t = fit.coef
         d, c = t[_VERIFIED], t[_DRAFTED]
@@ -512,8 +512,7 @@ class StepCostModel:
         drafter = min(10.0, t[_DRAFTER_RAN] / base)
         drafter_high = min(10.0, drafter + self.BAND_Z * fit.se(_DRAFTER_RAN) / base) if drafter else 0.0
         return CostView(True, total, total, verify, draft, fixed, fixed / requests, drafter,
-                        drafter / requests, (max(0.0, total - half), total + half),
-                        draft + half, drafter_high / requests)
+                        drafter / requests, (max(0.0, total - half), total + half), drafter_high / requests)
 
     def learned(self) -> float | None:
         """The learned per-token cost (verify + draft), or None while the fits cannot tell
@@ -582,10 +581,14 @@ class CostView(NamedTuple):
     drafter: float  # what a step pays once for drafting any position (a fit with that term only)
     drafter_share: float  # ``drafter`` over the recent mean requests per step
     band: tuple[float, float] | None  # ``learned`` +- ``BAND_Z`` standard errors
-    # the upper ends, what a choice that must not lose prices drafting at: ``draft`` plus the
-    # learned per-token cost's ``BAND_Z`` standard errors, ``drafter_share`` plus its own
-    draft_high: float
-    drafter_share_high: float
+    drafter_share_high: float  # ``drafter_share`` plus ``BAND_Z`` of its standard errors (0 without)
+
+    @property
+    def draft_high(self) -> float:
+        """``draft`` at the upper end of the band: what a choice that must not lose prices a
+        drafted position at (with ``drafter_share_high`` for running the drafter at all)."""
+        band = self.band
+        return self.draft + (band[1] - self.per_token if band is not None else 0.0)
 
     @property
     def step_share(self) -> float:
@@ -744,9 +747,9 @@ class AdaptivePolicy:
         return chosen
 
     # Where the drafter catches up after idle steps (``StepCostModel.drafter_catches_up``), a
-    # probe from depth 0 also pays the catch-up: on the testbed a probe of reasoning's drafts
-    # cost ~0.8 of a step (+5.5 ms catching up, +7.5 ms verifying for ~0.6 tokens), and at
-    # ``explore`` such probes cost reasoning 2.5 % against plain decoding.  They run at this
+    # probe from depth 0 also pays the catch-up: by a benchmark run's step-time trace a probe of
+    # reasoning's drafts cost ~0.8 of a step (+5.5 ms catching up, +7.5 ms verifying for ~0.6
+    # tokens), and at ``explore`` such probes ~2.5 % of reasoning's step time.  They run at this
     # share of ``explore`` there (the phase's gains and calibrator still hear from its drafts).
     IDLE_EXPLORE = 0.25
 
@@ -877,10 +880,8 @@ class AdaptivePolicy:
             # net(k): the first k positions' gains less their costs (for a sequential drafter at
             # the upper ends beyond the forced prefix); drafting nothing nets 0, and a forced
             # prefix is the baseline that further positions must beat
-            if self.sequential:
-                draft_high, drafter_high = costs.draft_high, costs.drafter_share_high
-            else:
-                draft_high, drafter_high = draft, drafter
+            draft_high, drafter_high = ((costs.draft_high, costs.drafter_share_high) if self.sequential
+                                        else (draft, drafter))
             depth, net, best = forced, -(drafter if forced else drafter_high), 0.0
             for j, record in enumerate(gains):
                 v = first if j == 0 else verify
