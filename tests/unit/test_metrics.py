@@ -234,3 +234,30 @@ def test_no_confidence_series_without_a_gating_policy(tmp_path, monkeypatch):
     metrics.SnapshotWriter().write(lambda: {"answer": {"steps": 1, "verified": 2, "accepted": 2, "tokens": 3}}, force=True)
     names = {f.name for f in metrics.PhaseCollector(str(tmp_path)).collect()}
     assert not any(n.startswith("dspark_dynamic:confidence") for n in names)
+
+
+def test_tracked_requests_are_published_when_they_cross_zero_and_periodically(tmp_path, monkeypatch):
+    # A server that idles between bursts writes tracked 0 at each idle moment; the first step of
+    # a burst and then every WRITE_INTERVAL_S of it must still show the requests in flight.
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path))
+    clock = [100.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
+    writer = metrics.SnapshotWriter()
+
+    def tracked():
+        return json.loads(open(writer.path).read())["tracked"]
+
+    def write_at(t, n, force=False):
+        clock[0] = t
+        writer.write(dict, force=force, tracked=n)
+        return tracked()
+
+    assert write_at(100.1, 3) == 3  # busy now: at once
+    assert write_at(100.2, 4) == 3  # throttled
+    assert write_at(100.4, 0, force=True) == 0  # idle: at once
+    assert write_at(100.5, 2) == 2  # busy again: at once
+    assert write_at(100.6, 5) == 2  # throttled
+    assert write_at(100.0 + metrics.WRITE_INTERVAL_S + 0.05, 6) == 6  # one interval after the last periodic write
+    assert write_at(100.0 + 1.5 * metrics.WRITE_INTERVAL_S, 7) == 6  # throttled
+    assert write_at(100.0 + 1.6 * metrics.WRITE_INTERVAL_S, 0) == 0  # nothing tracked: at once, unforced too
+    writer.remove()

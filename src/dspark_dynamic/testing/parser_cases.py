@@ -6,7 +6,7 @@ text.  Tokenizers: the real one where a package ships it offline (``deepseek-tok
 DeepSeek-V4, the harmony encoding for gpt-oss), else :class:`SyntheticTokenizer` carrying the
 parser's marker strings.
 
-    python -m dspark_dynamic.testing.parser_cases --table   # the README's parser table
+    python -m dspark_dynamic.testing.parser_cases --table   # docs/reasoning-parsers.md's parser table
 """
 
 from __future__ import annotations
@@ -335,7 +335,7 @@ class RefusedCase:
 
     case: ParserCase
     reason: str  # a regex the error must match
-    when: str  # for the README table
+    when: str  # for the parser table (docs/reasoning-parsers.md)
 
 
 REFUSED: dict[str, RefusedCase] = {

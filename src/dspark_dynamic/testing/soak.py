@@ -22,7 +22,11 @@ upstream bug), so mixing them would make the greedy checks meaningless.
 It reports, at the start (after a warm-up) and at the end: each engine core's RSS and the
 controller's tracked state (``dspark_dynamic:tracked_requests``, summed over engines), plus
 requests per second, wrong outputs and errors, and whether the per-phase series still sum to
-vLLM's spec-decode counters per engine.
+vLLM's spec-decode counters per engine.  While requests run, a sampler reads ``/metrics``
+every half second: the tracked requests next to vLLM's own ``vllm:num_requests_running``, so
+the report shows the controller holding state for requests in flight (``in_flight``).
+``failed_checks`` names what a run got wrong: wrong outputs, state left behind at the end (the
+leak check), counts that disagree with vLLM's, or no tracked request seen while vLLM ran some.
 """
 
 from __future__ import annotations
@@ -152,7 +156,8 @@ def per_engine(samples: dict | None) -> dict[str, dict[str, float]]:
              "dspark_dynamic:accepted_draft_tokens_total": "accepted", "dspark_dynamic:tracked_requests": "tracked",
              "vllm:spec_decode_num_drafts_total": "vllm_drafts",
              "vllm:spec_decode_num_draft_tokens_total": "vllm_draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens_total": "vllm_accepted_tokens"}
+             "vllm:spec_decode_num_accepted_tokens_total": "vllm_accepted_tokens",
+             "vllm:num_requests_running": "vllm_running"}
     for (name, labels), value in (samples or {}).items():
         if name in names:
             engine = dict(labels).get("engine", "")
@@ -183,8 +188,12 @@ def wait_idle(scrape: Callable[[], dict | None], timeout: float = 60.0) -> dict[
 
 def run_soak(url: str, requests: int = 2000, concurrency: int = 16, seed: int = 0, warmup: int = 50,
              scrape: Callable[[], dict | None] | None = None, rss: Callable[[], dict[str, int]] | None = None,
-             samples: int = 10, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    """Warm up, then ``requests`` requests from ``concurrency`` clients; ``rss()`` -> {engine: bytes}."""
+             samples: int = 10, log: Callable[[str], None] = lambda line: None, progress: bool = False,
+             idle_timeout: float = 60.0) -> dict[str, Any]:
+    """Warm up, then ``requests`` requests from ``concurrency`` clients; ``rss()`` -> {engine: bytes}.
+    ``progress``: a bar on stderr (requests, ETA, wrong outputs and tracked requests so far);
+    ``idle_timeout``: how long to wait at the start and the end for the tracked state to reach 0."""
+    from dspark_dynamic.testing.progress import track
     from dspark_dynamic.tools.bench_client import scrape_metrics
 
     scrape = scrape or (lambda: scrape_metrics(url + "/metrics", 10))
@@ -193,7 +202,7 @@ def run_soak(url: str, requests: int = 2000, concurrency: int = 16, seed: int = 
     reqs = [make_request(rng.choices(KINDS, WEIGHTS)[0], rng, i) for i in range(warmup + requests)]
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(lambda r: send(url, r), [r for r in reqs[:warmup] if r["kind"] != "n2"]))
-    start_engines = wait_idle(scrape)
+    start_engines = wait_idle(scrape, idle_timeout)
     start_rss = rss()
     log(f"start: tracked {sum(e['tracked'] for e in start_engines.values()):.0f}, engine RSS "
         + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in start_rss.items()))
@@ -202,18 +211,30 @@ def run_soak(url: str, requests: int = 2000, concurrency: int = 16, seed: int = 
     t0 = time.monotonic()
     step = max(1, requests // samples)
     next_point = step
-    peak = {"tracked": 0.0}
+    in_flight = {"samples": 0, "busy": 0, "tracked_busy": 0, "tracked_peak": 0.0, "vllm_running_peak": 0.0}
     stop = threading.Event()
 
-    def sample_peak() -> None:  # the controller's state while requests are in flight
+    def sample_in_flight() -> None:  # the controller's state while requests are in flight
         while not stop.wait(0.5):
-            tracked = sum(e["tracked"] for e in per_engine(scrape()).values())
-            peak["tracked"] = max(peak["tracked"], tracked)
+            engines = per_engine(scrape()).values()
+            if not engines:
+                continue
+            tracked, running = sum(e["tracked"] for e in engines), sum(e["vllm_running"] for e in engines)
+            in_flight["samples"] += 1
+            in_flight["busy"] += running > 0
+            in_flight["tracked_busy"] += running > 0 and tracked > 0
+            in_flight["tracked_peak"] = max(in_flight["tracked_peak"], tracked)
+            in_flight["vllm_running_peak"] = max(in_flight["vllm_running_peak"], running)
 
-    sampler = threading.Thread(target=sample_peak, daemon=True)
+    def status() -> str:
+        wrong = sum(not r["ok"] for r in results)
+        return f"wrong {wrong}, tracked in flight: peak {in_flight['tracked_peak']:.0f}"
+
+    sampler = threading.Thread(target=sample_in_flight, daemon=True)
     sampler.start()
     with ThreadPoolExecutor(concurrency) as pool:
-        for batch in rounds(reqs[warmup:], 4 * concurrency):
+        batches = rounds(reqs[warmup:], 4 * concurrency)
+        for batch in track(batches, "soak", "req", total=requests, size=len, status=status, enabled=progress):
             results.extend(pool.map(lambda r: send(url, r), batch))
             done = len(results)
             if done >= next_point or done == requests:
@@ -225,7 +246,7 @@ def run_soak(url: str, requests: int = 2000, concurrency: int = 16, seed: int = 
     elapsed = time.monotonic() - t0
     stop.set()
     sampler.join()
-    end_engines = wait_idle(scrape)
+    end_engines = wait_idle(scrape, idle_timeout)
     end_rss = rss()
     by_kind: dict[str, dict[str, int]] = {}
     for r in results:
@@ -239,12 +260,28 @@ def run_soak(url: str, requests: int = 2000, concurrency: int = 16, seed: int = 
         "by_kind": by_kind, "wrong": len(wrong), "wrong_examples": [r["why"] for r in wrong[:5]],
         "tracked_start": sum(e["tracked"] for e in start_engines.values()),
         "tracked_end": sum(e["tracked"] for e in end_engines.values()),
-        "tracked_peak": peak["tracked"],
+        "tracked_peak": in_flight["tracked_peak"], "in_flight": in_flight,
         "rss_start_mib": {k: round(v / 2**20, 1) for k, v in start_rss.items()},
         "rss_end_mib": {k: round(v / 2**20, 1) for k, v in end_rss.items()},
         "rss_timeline": timeline,
         "engines_end": end_engines, "counts_agree": counts_agree(end_engines),
     }
+
+
+def failed_checks(report: dict[str, Any], controller: bool = True) -> list[str]:
+    """What the run got wrong (empty: it passed).  Without the controller (``--no-controller``)
+    only the outputs are checked."""
+    failed = [f"{report['wrong']} wrong outputs or errors"] if report["wrong"] else []
+    if not controller:
+        return failed
+    if report["tracked_end"] != 0:
+        failed.append(f"tracked state left behind: {report['tracked_end']:.0f} requests still tracked at the end")
+    if not report["counts_agree"]:
+        failed.append("the per-phase series do not sum to vLLM's counters")
+    seen = report.get("in_flight", {})
+    if seen.get("busy") and not seen.get("tracked_busy"):
+        failed.append(f"no tracked request seen in flight ({seen['busy']} samples with vLLM running requests)")
+    return failed
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -255,6 +292,11 @@ def format_report(report: dict[str, Any]) -> str:
                                      for k, v in sorted(report["by_kind"].items())),
              f"  tracked requests (dspark_dynamic:tracked_requests, all engines): start {report['tracked_start']:.0f}, "
              f"end {report['tracked_end']:.0f} (peak while running {report.get('tracked_peak', 0):.0f})"]
+    seen = report.get("in_flight")
+    if seen and seen["samples"]:
+        lines.append(f"  in flight: tracked > 0 in {seen['tracked_busy']} of the {seen['busy']} samples in which vLLM "
+                     f"ran requests ({seen['samples']} samples; peaks: tracked {seen['tracked_peak']:.0f}, vLLM running "
+                     f"{seen['vllm_running_peak']:.0f})")
     for engine in report["rss_start_mib"]:
         a, b = report["rss_start_mib"][engine], report["rss_end_mib"].get(engine, float("nan"))
         lines.append(f"  {engine} RSS: start {a:.1f} MiB, end {b:.1f} MiB ({b - a:+.1f} MiB)")

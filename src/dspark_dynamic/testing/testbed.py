@@ -19,7 +19,7 @@ for 1 or 3 tokens).  The testbed target is a Mixtral-style MoE with the tiny mod
 
 The expert reads must dominate a step for the cost shape to hold: with narrower experts the
 fixed per-step work of vLLM and of the sequential drafter hides the per-token cost.  Measured
-step times T(k) (``scripts/bench_wallclock.py --calibrate``): README, "Measured speed".
+step times T(k) (``scripts/bench_wallclock.py --calibrate``): docs/measured-speed.md.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def scrape_metrics(metrics_url: str, timeout: float) -> dict[tuple[str, tuple], 
         samples = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.name.startswith(("dspark_dynamic:", "vllm:spec_decode_")):
+                if s.name.startswith(("dspark_dynamic:", "vllm:spec_decode_", "vllm:num_requests_running")):
                     samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
         return samples
     except Exception:
