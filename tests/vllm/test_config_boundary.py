@@ -91,27 +91,39 @@ def test_bad_configs_fail_before_the_engine_starts(model, spec, options, key):
     assert key in str(err.value)
 
 
-def test_no_markers_anywhere_fails_clearly(model, tmp_path):
+@pytest.fixture
+def no_think_model(model, tmp_path):
+    """The same model, but a tokenizer without <think>/</think> (a model that does not reason)."""
     import json
     import shutil
 
-    # same model, but a tokenizer without <think>/</think>
     d = tmp_path / "nothink"
     shutil.copytree(model, d)
     tj = json.loads((d / "tokenizer.json").read_text())
     tj["added_tokens"] = [t for t in tj["added_tokens"] if "think" not in t["content"]]
     tj["model"]["vocab"] = {k: v for k, v in tj["model"]["vocab"].items() if "think" not in k}
     (d / "tokenizer.json").write_text(json.dumps(tj))
-    args = engine_args(str(d), NGRAM, {"dspark_dynamic": {}})
-    with pytest.raises(DynamicDepthConfigError, match="cannot resolve the think start marker"):
+    return str(d)
+
+
+def test_no_markers_anywhere_runs_in_one_phase(no_think_model):
+    args = engine_args(no_think_model, NGRAM, {"dspark_dynamic": {}})
+    resolved = args.create_engine_config().additional_config["dspark_dynamic"]
+    assert not resolved["reasoning_start_ids"] and not resolved["reasoning_end_ids"]
+    assert resolved["default_phase"] == "answer"
+
+
+def test_a_given_marker_that_does_not_resolve_still_fails(no_think_model):
+    args = engine_args(no_think_model, NGRAM, {"dspark_dynamic": {"think_start_token": "f000"}})
+    with pytest.raises(DynamicDepthConfigError, match="cannot resolve the think end marker"):
         args.create_engine_config()
 
 
 @pytest.mark.parametrize(
     "parser, start, end, reset, default",
     [
-        ("qwen3", [6], [7], [], "reasoning"),  # qwen3's grammar: <think>, </think>; default reasoning
-        ("deepseek_v4", [6], [7], [], "answer"),  # unchanged: no marker means answer
+        ("qwen3", [6], [7], None, "reasoning"),  # qwen3's grammar: <think>, </think>; default reasoning
+        ("deepseek_v4", [6], [7], None, "answer"),  # unchanged: no marker means answer
     ],
 )
 def test_markers_resolve_from_the_reasoning_parser_before_the_engine_starts(model, parser, start, end, reset, default):
@@ -147,3 +159,21 @@ def test_adaptive_policy_refused_with_vllms_adaptive_verification(model):
     args = engine_args(model, None, {"dspark_dynamic": {"policy": "phase"}})
     validate(args, spec, target)  # the phase policy caps what adaptive verification may admit
     assert args.additional_config["dspark_dynamic"]["policy"] == "phase"
+
+
+@pytest.mark.parametrize("skip_tokenizer_init", [False, True])
+def test_marker_ids_outside_the_vocabulary_fail_before_the_engine_starts(model, skip_tokenizer_init):
+    # the tiny model's tokenizer and its embedding both hold 256 ids
+    args = engine_args(model, NGRAM, {"dspark_dynamic": {"reasoning_start_ids": [4], "reasoning_end_ids": [99999]}},
+                       skip_tokenizer_init=skip_tokenizer_init)
+    with pytest.raises(DynamicDepthConfigError) as err:
+        args.create_engine_config()
+    vocabulary = "the model's" if skip_tokenizer_init else "the tokenizer's"
+    assert str(err.value) == (f"dspark_dynamic: invalid option 'reasoning_end_ids': token id 99999 is outside "
+                              f"{vocabulary} vocabulary of 256 tokens (ids 0..255)")
+
+
+def test_an_empty_marker_list_fails_before_the_engine_starts(model):
+    args = engine_args(model, NGRAM, {"dspark_dynamic": {"reasoning_start_ids": []}})
+    with pytest.raises(DynamicDepthConfigError, match=r"'reasoning_start_ids'=\[\]; allowed: at least one marker"):
+        args.create_engine_config()

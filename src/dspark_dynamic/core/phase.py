@@ -221,6 +221,21 @@ class PhaseDetector(Protocol):
     def track(self, request: Any) -> PhaseTracker: ...
 
 
+@dataclass(frozen=True)
+class OnePhase:
+    """Every request stays in ``phase`` from its first token to its last (a model that does not
+    reason: no markers).  Detector and tracker at once: it holds no per-request state, so every
+    request shares this one immutable object."""
+
+    phase: Phase = Phase.ANSWER
+
+    def track(self, request: Any) -> "OnePhase":
+        return self
+
+    def advance(self, rules: Any, output_token_ids: Sequence[int]) -> Phase:
+        return self.phase
+
+
 class RequestPhase:
     """Incremental phase of one request under ``PhaseRules``.
 

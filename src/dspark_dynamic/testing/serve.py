@@ -45,20 +45,28 @@ class TinyServer:
 
     def __init__(self, target: str, draft: str, log_path: Path, extra_args: list[str] | tuple[str, ...] = (),
                  controller: dict[str, Any] | bool = True, max_num_seqs: int = 4, ranks: int = 2,
-                 start_timeout: float = 600.0) -> None:
+                 start_timeout: float = 600.0, speculative_config: dict[str, Any] | None = None,
+                 dtype: str = "bfloat16", reasoning_parser: str | None = "deepseek_r1",
+                 max_model_len: int = 512) -> None:
+        """``speculative_config``: given whole instead of the ``draft``/``controller`` forms (the
+        plugin's options then go in ``extra_args``' ``--additional-config``); ``reasoning_parser``
+        None: no parser (a model that does not reason)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
         self.start_timeout = start_timeout
-        if controller is False:  # plain vLLM draft_model (a baseline; the plugin stays unconfigured)
+        if speculative_config is not None:
+            spec = speculative_config
+        elif controller is False:  # plain vLLM draft_model (a baseline; the plugin stays unconfigured)
             spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 2}
         else:
             spec = {"method": "dspark_dynamic", "base_method": "draft_model", "model": draft,
                     "num_speculative_tokens": 2, **(DEPTHS if controller is True else controller)}
         self.cmd = [str(Path(sys.executable).with_name("vllm")), "serve", target, "--host", "127.0.0.1",
-                    "--port", str(self.port), "--max-model-len", "512", "--max-num-seqs", str(max_num_seqs),
-                    "--enforce-eager", "--dtype", "bfloat16", "--served-model-name", "tiny",
-                    "--reasoning-parser", "deepseek_r1", "--speculative-config", json.dumps(spec), *extra_args]
+                    "--port", str(self.port), "--max-model-len", str(max_model_len), "--max-num-seqs",
+                    str(max_num_seqs), "--enforce-eager", "--dtype", dtype, "--served-model-name", "tiny",
+                    *(["--reasoning-parser", reasoning_parser] if reasoning_parser else []),
+                    "--speculative-config", json.dumps(spec), *extra_args]
         env = {**os.environ, **engine_env()}
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the real serving layout: engine cores in their own processes
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", per_rank_cores(ranks))
