@@ -12,6 +12,7 @@ one for the controlled settings.
     python scripts/bench_wallclock.py --smoke         # 2 rounds, 1 request: a quick check
     python scripts/bench_wallclock.py --shape narrow  # 32 experts x 4096, top-4 (a cheaper verify)
     python scripts/bench_wallclock.py --drafter dflash  # a parallel drafter (DSpark's cost shape)
+    python scripts/bench_wallclock.py --concurrency 4   # 4 requests in flight, starts staggered
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def main() -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="default", help="the MoE target's shape")
     ap.add_argument("--drafter", choices=DRAFTERS, default="draft_model",
                     help="draft_model: sequential (a forward per position); dflash: parallel (one pass, DSpark's shape)")
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="requests in flight per engine (N > 1: a closed loop, starts staggered)")
     ap.add_argument("--json", help="write the result (per-round data, summary, traces) here")
     ap.add_argument("--plot", help="write a PNG: tok/s per policy and phase, per-request timelines")
     CostModel.add_arguments(ap)
@@ -46,9 +49,9 @@ def main() -> int:
     if args.smoke:
         args.rounds, args.requests, args.warmup = 2, 1, 0
     print(f"vLLM {require_vllm()}; testbed: MoE target ({args.shape} shape) + {args.drafter} drafter "
-          "(built locally, cached)")
+          f"(built locally, cached); concurrency {args.concurrency}")
     result = run_wallclock(settings, args.rounds, args.requests, args.warmup, shape=SHAPES[args.shape],
-                           drafter=args.drafter)
+                           drafter=args.drafter, concurrency=args.concurrency)
     cost = CostModel.from_arguments(args)
     print(format_report(result, cost))
     if args.calibrate:
@@ -57,7 +60,8 @@ def main() -> int:
             print(f"  {name}: {result.step_ms(name):.2f} ms")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"settings": result.settings, "shape": args.shape, "drafter": args.drafter, "rounds": result.rounds,
+            json.dump({"settings": result.settings, "shape": args.shape, "drafter": args.drafter,
+                       "concurrency": args.concurrency, "rounds": result.rounds,
                        "summary": result.summary(), "traces": result.traces}, f, indent=1)
     if args.plot:
         from dspark_dynamic.tools.plots import plot_wallclock
@@ -68,4 +72,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if any(a == "--model" or a.startswith("--model=") for a in sys.argv[1:]):  # a real checkpoint
+        from dspark_dynamic.testing.wallclock_real import main as main_real
+
+        sys.exit(main_real(sys.argv[1:]))
     sys.exit(main())

@@ -8,6 +8,7 @@ synthetic traces (seed-like, bimodal, drifting, drift: all then no drafts accept
 (per-position rows {"req","phase","L"}, or the controller's own trace_path rows).
 
     python scripts/simulate.py [--t0-ms 75 --draft-ms 3 --verify-ms 37.75] [--trace FILE]
+    python scripts/simulate.py --confidence-auc 0.85   # + gating on confidences, and the peers' rules
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import argparse
 
 from dspark_dynamic.core.simulate import (
+    ConfidenceModel,
     CostModel,
+    draft_features,
     bimodal_trace,
     compare,
     drift_trace,
@@ -45,6 +48,9 @@ def main() -> None:
     ap.add_argument("--max-k", type=int, default=3)
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--trace", action="append", default=[], help="JSONL trace file (repeatable)")
+    ap.add_argument("--confidence-auc", type=float, default=None,
+                    help="also give the drafts confidences of this ROC-AUC: adds the adaptive policy gating on "
+                         "them and the peers' rules (vllm-av, freetoken, break-even, p-min)")
     args = ap.parse_args()
     cost = CostModel.from_arguments(args)
     print(f"cost model: T(k) = {cost.t0_ms} + {cost.draft_ms}*[drafting] + "
@@ -58,7 +64,10 @@ def main() -> None:
     for path in args.trace:
         traces[f"recorded: {path}"] = load_trace(path)
     for title, trace in traces.items():
-        print_table(title, compare(trace, cost, max_k=args.max_k))
+        features = None
+        if args.confidence_auc is not None:
+            features = draft_features(trace, ConfidenceModel.with_auc(args.confidence_auc), args.max_k)
+        print_table(title, compare(trace, cost, max_k=args.max_k, features=features))
 
 
 if __name__ == "__main__":

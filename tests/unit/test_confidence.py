@@ -1,4 +1,4 @@
-"""Draft confidences: the online calibration and the admission rule (pure logic)."""
+"""Draft confidences: the online calibration (pure logic)."""
 
 import itertools
 import math
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dspark_dynamic.core.confidence import ConfidenceCalibrator, admit, feature_of
+from dspark_dynamic.core.confidence import ConfidenceCalibrator, feature_of
 
 
 def logistic_data(n, slope, intercepts, rng, spread=2.0):
@@ -94,98 +94,6 @@ def test_feature_is_the_log_odds_of_the_max_probability():
     assert feature_of(0.5) == pytest.approx(0.0)
     assert feature_of(0.9) == pytest.approx(math.log(9.0))
     assert feature_of(1.0) == 40.0 and feature_of(0.0) == -40.0
-
-
-def brute_force(survivals, v, fixed=0.0):
-    best, best_ratio = None, -1.0
-    for ks in itertools.product(*(range(len(s) + 1) for s in survivals)):
-        tokens = len(survivals) + sum(sum(s[:k]) for s, k in zip(survivals, ks))
-        ratio = tokens / (len(survivals) + v * sum(ks) + (fixed if sum(ks) else 0.0))
-        if ratio > best_ratio + 1e-12:
-            best, best_ratio = list(ks), ratio
-    return best, best_ratio
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_admission_maximises_tokens_per_cost(seed):
-    rng = random.Random(seed)
-    survivals = []
-    for _ in range(rng.randint(1, 4)):
-        s, row = 1.0, []
-        for _ in range(rng.randint(0, 3)):
-            s *= rng.random()
-            row.append(s)
-        survivals.append(row)
-    v = rng.uniform(0.05, 1.5)
-    got = admit(survivals, v)
-    _, best_ratio = brute_force(survivals, v)
-    tokens = len(survivals) + sum(sum(s[:k]) for s, k in zip(survivals, got))
-    assert tokens / (len(survivals) + v * sum(got)) == pytest.approx(best_ratio)
-    assert all(0 <= k <= len(s) for k, s in zip(got, survivals))
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_admission_with_a_step_term_maximises_tokens_per_cost(seed):
-    """A step that verifies any draft pays ``fixed`` once (draft_model on the testbed): the
-    admitted set is still the best one, whether it is empty, one request's or shared."""
-    rng = random.Random(100 + seed)
-    survivals = []
-    for _ in range(rng.randint(1, 4)):
-        s, row = 1.0, []
-        for _ in range(rng.randint(0, 3)):
-            s *= rng.random() ** 0.5
-            row.append(s)
-        survivals.append(row)
-    v, fixed = rng.uniform(0.05, 0.8), rng.uniform(0.0, 1.0)
-    got = admit(survivals, v, fixed=fixed)
-    _, best_ratio = brute_force(survivals, v, fixed)
-    tokens = len(survivals) + sum(sum(s[:k]) for s, k in zip(survivals, got))
-    cost = len(survivals) + v * sum(got) + (fixed if sum(got) else 0.0)
-    assert tokens / cost == pytest.approx(best_ratio)
-
-
-def test_a_step_term_stops_a_lone_middling_draft_but_is_shared_across_a_batch():
-    assert admit([[0.5]], 0.38) == [1]
-    assert admit([[0.5]], 0.38, fixed=0.17) == [0]  # 1.5 tokens for 1.55: not worth it
-    assert admit([[0.5], [0.5]], 0.38, fixed=0.17) == [1, 1]  # 3 tokens for 2.93
-    assert admit([[0.5], [0.5]], 0.38, uniform="max", fixed=0.17) == [1, 1]
-    assert admit([[0.5]], 0.38, uniform="max", fixed=0.17) == [0]
-    assert admit([[0.9, 0.81]], 0.38, fixed=0.17) == [2]
-
-
-def test_admission_single_request_threshold():
-    # one request: admit draft j while its survival beats v * (tokens so far / cost so far)
-    assert admit([[0.9, 0.81]], 0.5) == [2]
-    assert admit([[0.4, 0.16]], 0.5) == [0]
-    assert admit([[0.6, 0.2]], 0.5) == [1]
-    assert admit([], 0.5) == []
-
-
-def test_uniform_admission_gives_every_request_one_depth():
-    survivals = [[0.95, 0.9], [0.3, 0.1], [0.9, 0.2]]
-    ks = admit(survivals, 0.5, uniform="max")
-    assert len(set(ks)) == 1
-    best_k = max(range(3), key=lambda k: (3 + sum(sum(s[:k]) for s in survivals)) / (3 + 0.5 * 3 * k))
-    assert ks == [best_k] * 3
-    assert admit([[0.9], []], 0.5, uniform="max") == [1, 0]  # capped by the drafts a request has
-
-
-@pytest.mark.parametrize("uniform", ["max", "min"])
-def test_uniform_admission_of_one_request_is_the_best_depth(uniform):
-    """One request: the fast path must pick the k with the best T/C, ties toward the deeper k
-    under "max" (below, k = 0 and k = 1 tie exactly: 1 / 1 == 1.5 / 1.5)."""
-    rng = random.Random(4)
-    for _ in range(300):
-        s, row = 1.0, []
-        for _ in range(rng.randint(0, 4)):
-            s *= rng.random()
-            row.append(s)
-        v = rng.uniform(0.05, 1.5)
-        (k,) = admit([row], v, uniform=uniform)
-        ratio = lambda k: (1 + sum(row[:k])) / (1 + v * k)  # noqa: E731
-        assert ratio(k) == pytest.approx(max(ratio(i) for i in range(len(row) + 1)))
-    assert admit([[0.5, 0.25]], 0.5, uniform="max") == [1]
-    assert admit([[0.5, 0.25]], 0.5, uniform="min") == [0]
 
 
 def test_two_position_update_is_the_general_update_written_out():

@@ -174,11 +174,10 @@ def test_forget_drops_plans():
 def confident_controller(batch=BatchDepth.PER_REQUEST):
     from dspark_dynamic.core.adaptive import AdaptivePolicy
 
-    policy = AdaptivePolicy(2, {Phase.REASONING: 1, Phase.ANSWER: 2}, learn_cost=False, explore=0.0,
-                            verify_cost_ratio=0.5)
+    policy = AdaptivePolicy(2, {Phase.REASONING: 1, Phase.ANSWER: 2}, learn_cost=False, verify_cost_ratio=0.5)
     for cal in policy.calibrators.values():
         cal.theta = [1.0, 0.0, 0.0]
-    policy.MIN_LABELS = 0  # calibrated as if learned: the gate trusts it at once
+    policy.min_labels = 0  # calibrated as if learned: the gate trusts it at once
     return DepthController(RULES, policy, batch)
 
 

@@ -49,3 +49,26 @@ def test_prune_forgets_requests_that_left():
 def test_max_lag_must_be_positive():
     with pytest.raises(ValueError, match="max_lag"):
         DrafterLag(max_lag=0)
+
+
+def test_skip_if_allowed_is_may_skip_then_skip():
+    import random
+
+    from dspark_dynamic.core.drafter_lag import DrafterLag, Row
+
+    rng = random.Random(3)
+    one, two = DrafterLag(max_lag=16), DrafterLag(max_lag=16)
+    positions = {f"r{i}": 0 for i in range(4)}
+    for _ in range(500):
+        rows = []
+        for req in rng.sample(sorted(positions), rng.randint(1, 4)):
+            length = rng.randint(1, 3)
+            rows.append(Row(req, positions[req], length))
+            positions[req] += length
+        allowed = one.may_skip(rows)
+        if allowed:
+            one.skip(rows)
+        assert two.skip_if_allowed(rows) == allowed
+        if not allowed or rng.random() < 0.3:  # a step that runs the drafter catches everyone up
+            assert one.catch_up(rows) == two.catch_up(rows)
+        assert one._behind == two._behind and one.skipped_steps == two.skipped_steps

@@ -16,7 +16,7 @@ def test_round_trip_through_dict():
     assert parse_options({}, 2).skip_idle_drafter
     assert not parse_options({"skip_idle_drafter": False}, 2).skip_idle_drafter
     opts = parse_options({"reasoning_depth": 0, "answer_depth": 1, "reasoning_start_ids": [5], "skip_idle_drafter": False,
-                          "reasoning_end_ids": [6, 9], "adaptive": {"explore": 0.1}}, 3)
+                          "reasoning_end_ids": [6, 9], "adaptive": {"window": 100.0}}, 3)
     assert parse_options(opts.to_dict(), 3) == opts
 
 
@@ -50,7 +50,7 @@ def test_marker_sequences_resets_and_default_phase_round_trip():
         ({"reasoning_reset_ids": [[1, "x"]]}, 2, "reasoning_reset_ids"),
         ({"default_phase": "thinking"}, 2, "default_phase"),
         ({"reasoning_dept": 1}, 2, "reasoning_dept"),
-        ({"adaptive": {"explore": 0.9}}, 2, "adaptive.explore"),
+        ({"adaptive": {"window": 0.5}}, 2, "adaptive.window"),
         ({"adaptive": {"bogus": 1}}, 2, "adaptive.bogus"),
         ({"log_interval_s": float("nan")}, 2, "log_interval_s"),
         ({"skip_idle_drafter": "yes"}, 2, "skip_idle_drafter"),
@@ -78,3 +78,17 @@ def test_split_alias():
     assert split_alias({**spec, "base_method": "draft_model"})[0]["method"] == "draft_model"
     with pytest.raises(DynamicDepthConfigError, match="base_method"):
         split_alias({**spec, "base_method": "dspark_dynamic"})
+
+
+def test_knobs_of_the_earlier_adaptive_policy_are_accepted_with_a_deprecation_warning(caplog):
+    with caplog.at_level("WARNING", logger="vllm.dspark_dynamic"):
+        opts = parse_options({"policy": "adaptive", "adaptive": {"explore": 0.1, "hysteresis": 0.0}}, 2)
+    assert opts.adaptive == parse_options({"policy": "adaptive"}, 2).adaptive
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("'adaptive.explore' is deprecated" in m for m in warned)
+    assert any("'adaptive.hysteresis' is deprecated" in m for m in warned)
+
+
+@pytest.mark.parametrize("policy", ["vllm-av", "freetoken", "break-even", "p-min"])
+def test_the_peers_rules_are_policies(policy):
+    assert parse_options({"policy": policy}, 2).policy == policy

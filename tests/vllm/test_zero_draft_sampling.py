@@ -63,3 +63,56 @@ def test_a_metadata_without_max_spec_len_keeps_vllms_path():
     unknown = SimpleNamespace(num_draft_tokens=[0])  # an unknown vLLM's metadata: no max_spec_len
     sample(Runner(raw={}), "logits", unknown)
     assert seen == [unknown]
+
+
+def test_zero_draft_metadata_is_vllms_for_all_zero_draft_counts():
+    """The written-out metadata equals what vLLM's ``_calc_spec_decode_metadata`` computes when no
+    request has a draft: every field, value and dtype, on random batches (prefill chunks too)."""
+    import numpy as np
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from dspark_dynamic.adapter.patches.zero_draft_sampling import _calc_spec_decode_metadata, zero_draft_metadata
+
+    class Buffer:
+        def __init__(self, t):
+            self.gpu = t
+
+    import inspect
+
+    class FakeRunner:  # vLLM's own methods (unwrapped: another test may have applied the plugin's patches)
+        device = torch.device("cpu")
+        _get_cumsum_and_arange = inspect.unwrap(GPUModelRunner._get_cumsum_and_arange)
+        _calc_spec_decode_metadata = inspect.unwrap(GPUModelRunner._calc_spec_decode_metadata)
+
+        def __init__(self):
+            self.arange_np = np.arange(4096, dtype=np.int64)
+            self._arange_scratch = np.empty(4096, dtype=np.int64)
+            self.input_ids = Buffer(torch.randint(0, 1000, (4096,), dtype=torch.int32))
+
+    rng = np.random.default_rng(0)
+    runner = FakeRunner()
+    for _ in range(30):
+        n = int(rng.integers(1, 9))
+        scheduled = rng.integers(1, 40, size=n).astype(np.int32)
+        cu = np.cumsum(scheduled, dtype=np.int32)
+        zeros = np.zeros(n, dtype=np.int32)
+        ours = zero_draft_metadata(runner, zeros, cu)
+        theirs = runner._calc_spec_decode_metadata(zeros, cu)
+        for field in ("draft_token_ids", "cu_num_draft_tokens", "cu_num_sampled_tokens", "target_logits_indices",
+                      "bonus_logits_indices", "logits_indices"):
+            a, b = getattr(ours, field), getattr(theirs, field)
+            assert a.dtype == b.dtype and torch.equal(a, b), field
+        assert ours.num_draft_tokens == theirs.num_draft_tokens and ours.max_spec_len == theirs.max_spec_len == 0
+    # the wrapper: a configured synchronous runner gets the fast form; drafts keep vLLM's
+    calls = []
+
+    def original(self, num_draft_tokens, cu):
+        calls.append(num_draft_tokens)
+        return "vllm's"
+
+    wrapped = _calc_spec_decode_metadata(original)
+    runner.vllm_config = Runner(raw={}).vllm_config
+    runner.use_async_scheduling = False
+    cu = np.array([3, 7], dtype=np.int32)
+    assert wrapped(runner, np.zeros(2, dtype=np.int32), cu).logits_indices.tolist() == [2, 6]
+    assert wrapped(runner, np.array([0, 1], dtype=np.int32), cu) == "vllm's" and len(calls) == 1

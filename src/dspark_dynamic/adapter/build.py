@@ -21,11 +21,12 @@ import os
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
-from dspark_dynamic.adapter.markers import ResolvedMarkers, resolve_markers
+from dspark_dynamic.adapter.markers import ResolvedMarkers, check_marker_ids, resolve_markers
 from dspark_dynamic.core.controller import DepthController
 from dspark_dynamic.core.options import (
     CONFIG_KEY,
     PARALLEL_DRAFTERS,
+    PEER_POLICIES,
     SEQUENTIAL_DRAFT_TOKEN_COST,
     DynamicDepthConfigError,
     DynamicDepthOptions,
@@ -98,7 +99,8 @@ def resolve_options(
 ) -> tuple[DynamicDepthOptions, ResolvedMarkers]:
     """Validate the user's options against vLLM's config and resolve the think markers.
 
-    Raises ``DynamicDepthConfigError`` (one message naming the key and what is allowed).
+    Raises ``DynamicDepthConfigError`` (one message naming the key and what is allowed); marker
+    ids outside the vocabulary (the tokenizer's, or the model's without a tokenizer) among them.
     """
     options = parse_options(raw, getattr(speculative_config, "num_speculative_tokens", None))
     if getattr(speculative_config, "enable_adaptive_verification", False) and options.policy == "adaptive":
@@ -108,6 +110,9 @@ def resolve_options(
             "adaptive verification may admit), or turn enable_adaptive_verification off"
         )
     check_trace_path(options.trace_path)
+    if getattr(model_config, "skip_tokenizer_init", False):  # no tokenizer: the model's vocabulary bounds the ids
+        get_size = getattr(model_config, "get_vocab_size", None)
+        check_marker_ids(options, get_size() if get_size is not None else None, "the model's")
     markers = resolve_markers(options, reasoning_parser, tokenizer_getter(model_config), reasoning_parser_plugin)
     if markers.api is None:  # marker ids say it all: the engine core needs no tokenizer
         options = replace(
@@ -122,11 +127,19 @@ def resolve_options(
     return options, markers
 
 
-def build_policy(options: DynamicDepthOptions, drafter_catches_up: bool = False) -> DepthPolicy:
+def build_policy(options: DynamicDepthOptions, drafter_catches_up: bool = False,
+                 idle_drafter_runs: bool = False) -> DepthPolicy:
+    """``drafter_catches_up``: the workers skip the idle drafter (``expects_drafter_catch_up``);
+    ``idle_drafter_runs``: the drafter runs its forward even on steps that draft nothing (vLLM's
+    own behaviour, and Model Runner V2's DSpark, which drafts its block every step)."""
     if options.policy == "adaptive":
         from dspark_dynamic.core.adaptive import AdaptivePolicy
 
-        return AdaptivePolicy.from_options(options, drafter_catches_up)
+        return AdaptivePolicy.from_options(options, drafter_catches_up, idle_drafter_runs)
+    if options.policy in PEER_POLICIES:
+        from dspark_dynamic.core.peers import PEERS
+
+        return PEERS[options.policy](options.num_speculative_tokens)
     return PhasePolicy(options.reasoning_depth, options.answer_depth)
 
 
@@ -160,10 +173,10 @@ _OWN_SAMPLER = ("gemma4", "step3p5_mtp")
 
 def confidence_status(options: DynamicDepthOptions, vllm_config: Any) -> str:
     """Whether draft confidences will reach the policy, and if not, why (the start-up line)."""
-    if options.policy != "adaptive":
+    if not options.learns_depth:
         return ""
-    if not options.adaptive.confidence:
-        return "off (adaptive.confidence is false)"
+    if not options.reads_confidences:
+        return "off (adaptive.confidence is false)" if options.policy == "adaptive" else ""
     spec = getattr(vllm_config, "speculative_config", None)
     method = getattr(spec, "method", None)
     if method in _NO_DISTRIBUTION:
@@ -191,8 +204,9 @@ def build_controller(vllm_config: Any) -> BuiltController | None:
     )
     options = resolve_draft_cost(options, getattr(vllm_config.speculative_config, "method", None))
     batch_depth = resolve_batch_depth(options, vllm_config)
-    trace = open(options.trace_path, "a", buffering=1) if options.trace_path else None
-    policy = build_policy(options, expects_drafter_catch_up(options, vllm_config))
+    trace = open(options.trace_path, "a") if options.trace_path else None  # flushed when the engine idles
+    catches_up = expects_drafter_catch_up(options, vllm_config)
+    policy = build_policy(options, catches_up, idle_drafter_runs=not catches_up)
     controller = DepthController(markers.detector(), policy, batch_depth, PhaseStats(trace))
     return BuiltController(options, markers, batch_depth, controller, trace, confidence_status(options, vllm_config))
 

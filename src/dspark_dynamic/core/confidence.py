@@ -19,10 +19,8 @@ direction never observed at the prior.
 Reports (cumulative, on predictions made *before* each label was learned): mean predicted vs
 observed acceptance, ROC-AUC and expected calibration error, from ``BINS`` probability bins.
 
-Admission (``admit``): each request's survival ``s_j = prod_{i<=j} p_i`` is the expected number
-of tokens its j-th draft adds.  Drafts are admitted in descending survival while a draft's
-marginal gain beats the step's current tokens-per-cost (``s > verify_cost * T / C``), the batch
-form of choosing the depth with the best expected tokens per unit of cost.
+A request's survival ``s_j = prod_{i<=j} p_i`` is the expected number of tokens its j-th
+draft adds; ``decide.admit`` turns the step's survivals into depths.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from dataclasses import dataclass, field
 
 FEATURE_CLAMP = 40.0
 BINS = 20
+CALIBRATOR_MEMORY = 100.0  # labels of memory (tuned: a drifting drafter followed within tens of labels)
 _PI_8 = math.pi / 8.0
 
 
@@ -181,7 +180,7 @@ class ConfidenceCalibrator:
     def __init__(
         self,
         positions: int,
-        memory: float = 100.0,
+        memory: float = CALIBRATOR_MEMORY,
         slope: float = 0.5,
         intercept: float = 0.0,
         slope_var: float = 1.0,
@@ -200,6 +199,12 @@ class ConfidenceCalibrator:
         """P(draft at ``position`` (0-based) accepted | the drafts before it were); ``offset``: a
         known shift in log-odds (e.g. the request's own recent record), not fitted."""
         return _sigmoid(self.theta[0] * feature + self.theta[1 + min(position, self.positions - 1)] + offset)
+
+    def logits(self, features: Sequence[float]) -> list[float]:
+        """The calibrated log-odds ``w*f + b_j`` of each draft (no offset)."""
+        theta = self.theta
+        w = theta[0]
+        return [w * f + theta[1 + j] for j, f in enumerate(features[: self.positions])]
 
     def survival(self, features: Sequence[float], offsets: Sequence[float] | None = None) -> list[float]:
         """Expected-token contribution of each draft: the running product of its probabilities."""
@@ -278,62 +283,3 @@ class ConfidenceCalibrator:
         b = ", ".join(f"{v:.2f}" for v in self.theta[1:])
         return f"slope {self.theta[0]:.2f}, intercepts [{b}]; {self.report.describe()}"
 
-
-def admit(
-    survivals: Sequence[Sequence[float]],
-    verify_cost: float,
-    uniform: str | None = None,
-    fixed: float = 0.0,
-) -> list[int]:
-    """Depths for one step: how many of each request's drafts to verify.
-
-    ``survivals[r][j]``: expected tokens request r's (j+1)-th draft adds.  Cost unit: one
-    request's step at depth 0; ``verify_cost``: one verified draft, in that unit; ``fixed``: what
-    the step pays once if it verifies any draft.  The step's tokens per cost ``T / C`` is
-    maximised: per request (``uniform`` None) drafts are admitted in descending survival while
-    ``s > verify_cost * T / C`` (with ``fixed`` counted from the start), and the step verifies
-    nothing if that set does not beat ``T / C = 1``.  ``uniform`` "max" / "min": one depth for
-    every request (uniform CUDA graphs), the one with the best ``T / C``; "max" breaks ties
-    toward the deeper depth.
-    """
-    n = len(survivals)
-    if not n:
-        return []
-    if uniform is not None and n > 1:
-        deepest = max(len(s) for s in survivals)
-        best_k, best = 0, -1.0
-        for k in range(deepest + 1):
-            tokens = n + sum(sum(s[:k]) for s in survivals)
-            verified = sum(min(k, len(s)) for s in survivals)
-            ratio = tokens / (n + verify_cost * verified + (fixed if verified else 0.0))
-            if ratio > best or (uniform == "max" and ratio >= best):
-                best_k, best = k, ratio
-        return [min(best_k, len(s)) for s in survivals]
-    if n == 1:  # one request: its survivals fall along its drafts, no sort needed (and T/C is
-        # unimodal in k, so the first draft that does not raise it ends the search)
-        tokens, cost = 1.0, 1.0 + fixed
-        k = 0
-        deeper_on_ties = uniform == "max"
-        for s in survivals[0]:
-            if s * cost < verify_cost * tokens or (s * cost == verify_cost * tokens and not deeper_on_ties):
-                break
-            k += 1
-            tokens += s
-            cost += verify_cost
-        if k and fixed and (tokens < cost or (tokens == cost and not deeper_on_ties)):
-            return [0]  # the admitted drafts do not pay for the step term
-        return [k]
-    candidates = sorted(
-        ((s, r) for r, row in enumerate(survivals) for s in row), key=lambda c: c[0], reverse=True
-    )
-    depths = [0] * n
-    tokens, cost = float(n), n + fixed
-    for s, r in candidates:
-        if s * cost <= verify_cost * tokens:
-            break
-        depths[r] += 1  # survivals fall along a request's drafts: its prefix comes first
-        tokens += s
-        cost += verify_cost
-    if fixed and tokens <= cost:
-        return [0] * n  # the admitted drafts do not pay for the step term
-    return depths

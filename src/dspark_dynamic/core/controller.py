@@ -2,23 +2,25 @@
 
 Used by the scheduler adapter in four places, in this order within one engine step:
 - ``before_schedule(running)``: advance each running request's phase with its newly committed
-  output tokens and set ``request.spec_token_ids`` to its first k drafts, k being the depth
-  planned for this step (re-chosen if the phase changed since); reassigned, never mutated: the
-  async scheduler shares one placeholder list;
+  output tokens and set ``request.spec_token_ids`` to its first k drafts: k is the depth planned
+  for this step (re-chosen if the phase changed since), or, for a batch policy (one with
+  ``gate``), what the policy admits from the whole batch's drafts; reassigned, never mutated:
+  the async scheduler shares one placeholder list;
 - ``plan_drafts(scheduled)``: once vLLM has scheduled the step, choose every scheduled request's
-  depth for its *next* step and return the deepest, so the drafter of this step drafts no more
-  than will be verified (``None``: nothing to plan);
+  depth for its *next* step (a batch policy's ``plan`` sees them all at once) and return the
+  deepest, so the drafter of this step drafts no more than will be verified (``None``: nothing
+  to plan);
 - ``after_output(decisions, counted, tokens, step)``: count what was verified and accepted per
   phase (the numbers vLLM's own spec-decode stats counted, so both agree however a request
   ended), and hand decode-only step timings to the policy;
 - ``forget(request_id)``: drop a finished request's state.
 
 Draft confidences (``set_confidences``, from the adapter, with the draft ids of the step that
-will verify them): when the policy can gate on them (``policy.gate``), a request's depth this
-step comes from its own drafts' calibrated survival; the features of the drafts it verifies are
-kept until the step's output, and what was accepted calibrates them
-(``policy.observe_confidence``).  Confidences are used once: a request without fresh ones is
-decided as before.
+will verify them): a policy that reads them (``policy.reads_confidences``) gets each request's with
+its drafts in ``gate``; the features of the drafts it verifies are kept until the step's output,
+and what was accepted calibrates them (``policy.observe_confidence``).  Confidences are used
+once: a request without fresh ones is gated without (``None``).  ``policy.begin_step``, when
+present, runs first in every ``before_schedule`` (a policy's per-step draws).
 
 Example: phase policy 1/2, a request inside ``<think>`` with drafts ``[a, b]``: it is planned at
 depth 1, the drafter is asked for 1 draft, and its next step verifies ``[a]``.
@@ -75,11 +77,15 @@ class DepthController:
         self.confidences: dict[str, list[float]] = {}  # features of each request's current drafts
         self.verifying: dict[str, list[float]] = {}  # features of the drafts a step verifies
         self._seen: dict[str, tuple[Phase, int]] = {}  # this step's phase and output length per request
-        self._gate = getattr(policy, "gate", None) if getattr(policy, "calibrators", None) is not None else None
+        self._gate = getattr(policy, "gate", None)  # a batch policy decides what each step verifies
+        self._plan = getattr(policy, "plan", None)  # ... and how deep the batch drafts
+        self._begin = getattr(policy, "begin_step", None)
+        self._account = getattr(policy, "account_step", None)  # a policy's live estimate
+        self._wants_confidences = bool(getattr(policy, "reads_confidences", False))
 
     def set_confidences(self, request_id: str, features: list[float]) -> None:
         """The drafter's features of ``request_id``'s current drafts (one per draft, in order)."""
-        if self._gate is not None:
+        if self._wants_confidences:
             self.confidences[request_id] = features
 
     def phase_of(self, request: Any) -> Phase:
@@ -106,29 +112,32 @@ class DepthController:
     def before_schedule(self, running: Iterable[Any]) -> Decisions:
         """Trim each running request's drafts to its depth; returns what was decided."""
         decisions: Decisions = {}
-        drafting: list[tuple[Any, Phase, int]] = []
+        drafting: list[tuple[Any, Phase]] = []
         seen = self._seen
         seen.clear()
+        if self._begin is not None:
+            self._begin()
         for request in running:
             phase = self.phase_of(request)
             req_id = request.request_id
             seen[req_id] = (phase, len(request.output_token_ids))
             if request.spec_token_ids:
-                drafting.append((request, phase, self._depth(req_id, phase)))
+                drafting.append((request, phase))
             else:  # no drafts: none offered (-1), or none asked for (depth 0 planned)
                 plan = self.plans.get(req_id)
                 decisions[req_id] = (phase, 0 if plan is not None and plan[1] == 0 else -1)
         if not drafting:
             self.confidences.clear()
             return decisions
-        depths = [k for _, _, k in drafting]
         features: dict[str, list[float]] = {}
-        if self.confidences:
-            features = self._gated(drafting, depths)
-            self.confidences.clear()  # they describe this step's drafts only
-        if self.batch_depth is not BatchDepth.PER_REQUEST:
-            depths = apply_batch_depth(depths, self.batch_depth)
-        for (request, phase, _), k in zip(drafting, depths):
+        if self._gate is not None:
+            depths, features = self._gated(drafting)
+        else:
+            depths = [self._depth(request.request_id, phase) for request, phase in drafting]
+            if self.batch_depth is not BatchDepth.PER_REQUEST:
+                depths = apply_batch_depth(depths, self.batch_depth)
+        self.confidences.clear()  # they describe this step's drafts only
+        for (request, phase), k in zip(drafting, depths):
             spec = request.spec_token_ids
             if k < len(spec):
                 request.spec_token_ids = spec[:k]
@@ -138,22 +147,21 @@ class DepthController:
                 self.verifying[request.request_id] = features[request.request_id][:k]
         return decisions
 
-    def _gated(self, drafting: list[tuple[Any, Phase, int]], depths: list[int]) -> dict[str, list[float]]:
-        """Replace, in ``depths``, the depth of every request with fresh confidences by the
-        policy's gate; returns those requests' features."""
-        items, slots, used = [], [], {}
-        for i, (request, phase, _) in enumerate(drafting):
-            f = self.confidences.pop(request.request_id, None)
+    def _gated(self, drafting: list[tuple[Any, Phase]]) -> tuple[list[int], dict[str, list[float]]]:
+        """The policy's depths for the step's drafting requests (each with its fresh confidences,
+        when it has them) and the confidences used, by request."""
+        items, used = [], {}
+        confidences = self.confidences
+        for request, phase in drafting:
+            req_id = request.request_id
+            f = confidences.pop(req_id, None) if confidences else None
+            n = len(request.spec_token_ids)
             if f is not None:
-                n = min(len(f), len(request.spec_token_ids))
-                items.append((phase, request.request_id, f, n))
-                slots.append(i)
-                used[request.request_id] = f
-        if items:
-            uniform = None if self.batch_depth is BatchDepth.PER_REQUEST else self.batch_depth.value
-            for i, k in zip(slots, self._gate(items, uniform)):
-                depths[i] = k
-        return used
+                n = min(len(f), n)
+                used[req_id] = f
+            items.append((phase, req_id, f, n))
+        uniform = None if self.batch_depth is BatchDepth.PER_REQUEST else self.batch_depth.value
+        return self._gate(items, uniform), used
 
     def plan_drafts(self, scheduled: Iterable[Any]) -> int | None:
         """Choose the next step's depth of every request that drafts in this step.
@@ -161,14 +169,16 @@ class DepthController:
         Returns the number of drafts per request the drafter should produce (the deepest plan,
         or the shallowest under ``batch_depth: min``), or None when nothing was scheduled.
         """
-        planned = []
-        for request in scheduled:
-            phase = self._phase_now(request)
-            k = self.policy.depth(phase, request.request_id)
-            self.plans[request.request_id] = (phase, k)
-            planned.append(k)
-        if not planned:
+        rows = [(self._phase_now(request), request.request_id) for request in scheduled]
+        if not rows:
             return None
+        if self._plan is not None:
+            planned = self._plan(rows)
+        else:
+            planned = [self.policy.depth(phase, req_id) for phase, req_id in rows]
+        plans = self.plans
+        for row, k in zip(rows, planned):
+            plans[row[1]] = (row[0], k)
         return min(planned) if self.batch_depth is BatchDepth.MIN else max(planned)
 
     def after_output(
@@ -186,8 +196,13 @@ class DepthController:
         arrived; ``step``: the step's timing, when measured.
         """
         verified_tokens = 0
+        in_step: dict[Phase, int] = {}  # requests and tokens per phase, for a policy's estimate
+        added_by_phase: dict[Phase, int] = {}
         for req_id, (phase, chosen) in decisions.items():
             added = tokens.get(req_id)
+            if added is not None:
+                in_step[phase] = in_step.get(phase, 0) + 1
+                added_by_phase[phase] = added_by_phase.get(phase, 0) + added
             features = self.verifying.pop(req_id, None)
             if req_id in counted:
                 verified, accepted = counted[req_id]
@@ -209,6 +224,8 @@ class DepthController:
             )
             if step.decode_only:
                 self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth)
+                if self._account is not None and in_step:
+                    self._account(step.seconds, in_step, added_by_phase)
 
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)

@@ -62,6 +62,27 @@ class DrafterLag:
                 return False
         return True
 
+    def skip_if_allowed(self, rows: Sequence[Row]) -> bool:
+        """``may_skip`` and, if so, ``skip``, in one pass over the rows."""
+        behind = self._behind
+        limit = self.max_lag
+        updates = []
+        for req_id, start, length in rows:
+            first = behind.get(req_id)
+            if first is None:
+                if length > limit:
+                    return False
+                updates.append((req_id, start))
+            else:
+                if start + length - min(first, start) > limit:
+                    return False
+                if start < first:
+                    updates.append((req_id, start))
+        for req_id, start in updates:
+            behind[req_id] = start
+        self.skipped_steps += 1
+        return True
+
     def skip(self, rows: Iterable[Row]) -> None:
         """The drafter does not run this step: each row's cache stops at its query start (or
         earlier, where it already lagged)."""

@@ -8,6 +8,7 @@ what is allowed.  ``to_dict()`` of a parsed object parses back to an equal objec
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -15,9 +16,16 @@ from typing import Any
 
 from dspark_dynamic.core.policy import BatchDepth
 
+logger = logging.getLogger("vllm.dspark_dynamic")
+
 CONFIG_KEY = "dspark_dynamic"
 ALIAS_METHOD = "dspark_dynamic"
-POLICIES = ("phase", "adaptive")
+# the peers' rules (core/peers.py), for side-by-side comparisons
+PEER_POLICIES = ("vllm-av", "freetoken", "break-even", "p-min")
+PEERS_READING_CONFIDENCES = ("vllm-av", "freetoken", "p-min")
+POLICIES = ("phase", "adaptive") + PEER_POLICIES
+# adaptive knobs of an earlier policy: exploration now comes from the posteriors' uncertainty
+DEPRECATED_ADAPTIVE = ("explore", "hysteresis")
 BATCH_DEPTHS = ("auto",) + tuple(m.value for m in BatchDepth)
 PHASES = ("reasoning", "answer")
 PARALLEL_DRAFTERS = ("dspark", "dflash")  # one pass drafts every position
@@ -45,11 +53,9 @@ class AdaptiveOptions:
     # per drafted position: 0 for a parallel drafter (DSpark, DFlash), > 0 for a sequential one;
     # None: from the drafter (the builder sets it: 0 parallel, SEQUENTIAL_DRAFT_TOKEN_COST otherwise)
     draft_token_cost_ratio: float | None = None
-    learn_cost: bool = True  # refine the cost ratios from measured step times
-    explore: float = 0.02  # probability of trying a neighbouring depth
-    hysteresis: float = 0.01  # relative gain needed before switching depth
-    prior_weight: float = 20.0  # pseudo-observations behind the starting estimates
-    window: float = 400.0  # effective memory (observations) of the acceptance estimates
+    learn_cost: bool = True  # learn the step's costs from measured step times (else the ratios above)
+    prior_weight: float = 20.0  # pseudo-observations behind a phase's acceptance prior (1/2 at the first draft)
+    window: float = 400.0  # request-steps of memory of a phase's acceptance estimates
     confidence: bool = True  # use the drafter's per-draft confidences when it reports them
 
 
@@ -76,6 +82,18 @@ class DynamicDepthOptions:
     adaptive: AdaptiveOptions = AdaptiveOptions()
 
     @property
+    def reads_confidences(self) -> bool:
+        """The policy gates on the drafter's per-draft confidences (the workers capture them)."""
+        if self.policy == "adaptive":
+            return self.adaptive.confidence
+        return self.policy in PEERS_READING_CONFIDENCES
+
+    @property
+    def learns_depth(self) -> bool:
+        """The policy picks any depth in ``[min_depth, N]`` (not one per phase)."""
+        return self.policy == "adaptive" or self.policy in PEER_POLICIES
+
+    @property
     def markers_resolved(self) -> bool:
         """Marker ids alone define the phase (no tokenizer or parser needed)."""
         return bool(self.reasoning_end_ids) and (
@@ -85,8 +103,8 @@ class DynamicDepthOptions:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("num_speculative_tokens")
-        for key in MARKER_KEYS:
-            out[key] = [m if isinstance(m, int) else list(m) for m in getattr(self, key)]
+        for key in MARKER_KEYS:  # none given: null (an empty list is refused)
+            out[key] = [m if isinstance(m, int) else list(m) for m in getattr(self, key)] or None
         return out
 
 
@@ -117,7 +135,8 @@ def _is_id(v: Any) -> bool:
 
 
 def _ids(key: str, value: Any) -> tuple[int | tuple[int, ...], ...]:
-    """Markers: a list whose items are token ids or non-empty lists of ids (sequences)."""
+    """Markers: a non-empty list whose items are token ids or non-empty lists of ids (sequences);
+    None (the key left out) is no marker given."""
     if value is None:
         return ()
     if _is_id(value):
@@ -125,6 +144,9 @@ def _ids(key: str, value: Any) -> tuple[int | tuple[int, ...], ...]:
     allowed = "a list of markers, each a non-negative token id or a non-empty list of them"
     if not isinstance(value, (list, tuple)):
         raise _fail(key, value, allowed)
+    if not value:  # an empty list names no marker: say so rather than fall back silently
+        raise _fail(key, value, "at least one marker; leave the key out (or null) to take the markers "
+                                "from the reasoning parser or the tokenizer")
     out: list[int | tuple[int, ...]] = []
     for item in value:
         if _is_id(item):
@@ -150,9 +172,13 @@ def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
     if not isinstance(value, Mapping):
         raise _fail("adaptive", value, "a dict of adaptive-policy options")
     known = {f.name for f in fields(AdaptiveOptions)}
-    unknown = sorted(set(value) - known)
+    unknown = sorted(set(value) - known - set(DEPRECATED_ADAPTIVE))
     if unknown:
         raise _fail(f"adaptive.{unknown[0]}", value[unknown[0]], f"one of {sorted(known)}")
+    for key in DEPRECATED_ADAPTIVE:
+        if key in value:
+            logger.warning("dspark_dynamic: option 'adaptive.%s' is deprecated and ignored: the adaptive policy "
+                           "explores as far as its cost and acceptance posteriors are uncertain", key)
     d = AdaptiveOptions()
     learn = value.get("learn_cost", d.learn_cost)
     if not isinstance(learn, bool):
@@ -172,8 +198,6 @@ def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
             "adaptive.draft_token_cost_ratio", value["draft_token_cost_ratio"], 0.0, 100.0,
         ),
         learn_cost=learn,
-        explore=_float("adaptive.explore", value.get("explore", d.explore), 0.0, 0.5),
-        hysteresis=_float("adaptive.hysteresis", value.get("hysteresis", d.hysteresis), 0.0, 1.0),
         prior_weight=_float(
             "adaptive.prior_weight", value.get("prior_weight", d.prior_weight), 0.0, 1e6
         ),

@@ -309,7 +309,8 @@ def hindsight_depth(L: int, cost: CostModel, max_k: int) -> int:
     return max(range(max_k + 1), key=lambda k: (min(k, L) + 1) / cost.step_ms(k))
 
 
-def told_policy(cost: CostModel, n: int, reasoning_depth: int, answer_depth: int) -> AdaptivePolicy:
+def told_policy(cost: CostModel, n: int, reasoning_depth: int, answer_depth: int,
+                confidence: bool = False, seed: int = 0) -> AdaptivePolicy:
     """The adaptive policy with up to ``n`` drafts, told the cost model's ratios (not learning them)."""
     return AdaptivePolicy(
         n,
@@ -318,53 +319,67 @@ def told_policy(cost: CostModel, n: int, reasoning_depth: int, answer_depth: int
         draft_cost_ratio=cost.draft_ms / cost.t0_ms,
         draft_token_cost_ratio=cost.draft_token_ms / cost.t0_ms,
         learn_cost=False,
+        confidence=confidence,
+        idle_drafter_runs=True,  # the seed box's DSpark drafts its block every step (Model Runner V2)
+        seed=seed,
     )
 
 
-def replay_adaptive(trace: Trace, cost: CostModel, n: int, reasoning_depth: int, answer_depth: int) -> Result:
-    """The adaptive policy with up to ``n`` drafts, told the cost model's ratios."""
-    adaptive = told_policy(cost, n, reasoning_depth, answer_depth)
-    return replay(
-        trace,
-        f"adaptive (k<={n})",
-        lambda r, pos: adaptive.depth(pos[0], r),
-        cost,
-        learn=lambda req, phase, k, m, ms: adaptive.observe(phase, k, m, req),
-        finish=adaptive.forget,
-    )
-
-
-def replay_confident(trace: Trace, features: Features, cost: CostModel, n: int, reasoning_depth: int,
-                     answer_depth: int) -> Result:
-    """The adaptive policy gating each step on its drafts' features (costs given, not learned)."""
-    policy = told_policy(cost, n, reasoning_depth, answer_depth)
-    policy.confidence_seen = True
-    res = Result(f"adaptive + confidence (k<={n})")
+def replay_policy(trace: Trace, name: str, policy: Any, cost: CostModel, features: Features | None = None) -> Result:
+    """A batch policy (``plan``, ``gate``, ``observe*``: the adaptive policy or a peer rule) on a
+    single stream: each step it plans how deep to draft, gates the drafts (with their features,
+    given ``features``), and learns from the outcome and the step's modelled time."""
+    res = Result(name)
+    begin = getattr(policy, "begin_step", None)
     for r, positions in enumerate(trace):
         req, t = f"req-{r}", 0
         while t < len(positions):
             phase, L, _ = positions[t]
-            drafted = policy.depth(phase, req)
-            f = features[r][t][:drafted]
+            if begin is not None:
+                begin()
+            drafted = policy.plan([(phase, req)])[0]
+            f = features[r][t][:drafted] if features is not None and drafted else None
             k = policy.gate([(phase, req, f, drafted)])[0] if drafted else 0
             m = min(k, L)
+            ms = cost.gated_step_ms(k, drafted)
             res.tokens += m + 1
-            res.ms += cost.gated_step_ms(k, drafted)
+            res.ms += ms
             res.steps += 1
             res.verified += k
             res.accepted += m
             policy.observe(phase, k, m, req)
-            if k:
+            if k and f is not None:
                 policy.observe_confidence(phase, f[:k], k, m, req)
+            policy.observe_step(ms / 1000.0, k, 1, drafted)
             t += m + 1
         policy.forget(req)
     return res
 
 
+def replay_adaptive(trace: Trace, cost: CostModel, n: int, reasoning_depth: int, answer_depth: int) -> Result:
+    """The adaptive policy with up to ``n`` drafts, told the cost model's ratios, no confidences."""
+    return replay_policy(trace, f"adaptive (k<={n})", told_policy(cost, n, reasoning_depth, answer_depth), cost)
+
+
+def replay_confident(trace: Trace, features: Features, cost: CostModel, n: int, reasoning_depth: int,
+                     answer_depth: int) -> Result:
+    """The adaptive policy gating each step on its drafts' features (costs given, not learned)."""
+    policy = told_policy(cost, n, reasoning_depth, answer_depth, confidence=True)
+    return replay_policy(trace, f"adaptive + confidence (k<={n})", policy, cost, features)
+
+
+def replay_peers(trace: Trace, features: Features, cost: CostModel, n: int) -> list[Result]:
+    """Each peer rule (``core.peers``) on the trace, gating on ``features`` where it reads them."""
+    from dspark_dynamic.core.peers import PEERS
+
+    return [replay_policy(trace, f"peer: {name}", make(n), cost, features) for name, make in PEERS.items()]
+
+
 def compare(trace: Trace, cost: CostModel, max_k: int = 3, phase_depths: tuple[int, int] = (1, 2),
             adaptive_n: int | None = None, features: Features | None = None) -> list[Result]:
     """Fixed k = 0..max_k, the phase policy, the adaptive policy (and, given ``features``, the
-    adaptive policy gating on them), the per-step oracle and the hindsight bound."""
+    adaptive policy gating on them and the peer rules), the per-step oracle and the hindsight
+    bound."""
     results = [replay(trace, "fixed k=0 (no speculation)", lambda r, pos: 0, cost, drafting=False)]
     for k in range(1, max_k + 1):
         results.append(replay(trace, f"fixed k={k}", lambda r, pos, k=k: k, cost))
@@ -375,6 +390,7 @@ def compare(trace: Trace, cost: CostModel, max_k: int = 3, phase_depths: tuple[i
         results.append(replay_adaptive(trace, cost, n, reasoning_depth, answer_depth))
         if features is not None:
             results.append(replay_confident(trace, features, cost, n, reasoning_depth, answer_depth))
+            results.extend(replay_peers(trace, features, cost, n))
     if all(pos[2] for positions in trace for pos in positions[:1]):
         results.append(replay(trace, "oracle per step", lambda r, pos: oracle_depth(pos[2], cost, max_k), cost))
     results.append(replay(trace, "hindsight bound", lambda r, pos: hindsight_depth(pos[1], cost, max_k), cost))

@@ -95,34 +95,20 @@ class PhaseStats:
     ) -> None:
         """One request-step: ``depth`` drafts verified, ``accepted`` of them accepted."""
         self.totals[phase].add(depth, accepted, tokens)
-        if self._trace is not None:
-            self._trace.write(
-                json.dumps(
-                    {
-                        "t": round(time.time(), 6),
-                        "req": request_id,
-                        "phase": phase.label,
-                        "k": depth,
-                        "accepted": accepted,
-                        "tokens": tokens,
-                    }
-                )
-                + "\n"
-            )
+        trace = self._trace
+        if trace is not None:  # one JSON row (json.dumps costs several microseconds per row)
+            trace.write(f'{{"t": {time.time():.6f}, "req": {json.dumps(request_id)}, "phase": "{phase.label}", '
+                        f'"k": {depth}, "accepted": {accepted}, "tokens": {tokens}}}\n')
 
     def record_step_time(
         self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int = -1,
         decode_only: bool = True,
     ) -> None:
         """One engine step: its busy time, drafts verified, requests, drafts asked per request."""
-        if self._trace is not None:
-            self._trace.write(
-                json.dumps(
-                    {"step_s": round(seconds, 6), "verified_tokens": verified_tokens, "reqs": num_requests,
-                     "draft_depth": draft_depth, "decode_only": decode_only}
-                )
-                + "\n"
-            )
+        trace = self._trace
+        if trace is not None:
+            trace.write(f'{{"step_s": {seconds:.6f}, "verified_tokens": {verified_tokens}, "reqs": {num_requests}, '
+                        f'"draft_depth": {draft_depth}, "decode_only": {"true" if decode_only else "false"}}}\n')
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {phase.label: asdict(c) for phase, c in self.totals.items()}
@@ -153,6 +139,7 @@ class PhaseStats:
         return lines
 
     def close(self) -> None:
+        """Flush the trace (rows are buffered: the adapter flushes whenever the engine idles)."""
         if self._trace is not None:
             self._trace.flush()
 

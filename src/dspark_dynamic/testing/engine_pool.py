@@ -6,10 +6,12 @@ a median of paired per-round ratios (``dspark_dynamic.core.paired``).  An ``Engi
 one process per setting (a fresh vLLM engine, in-process engine core) and sends it requests over
 a pipe; only the engine asked works at any time, the others wait idle.
 
-Each request runs alone through the engine's step API (one user, as on the seed box).  For every
+Requests run through the engine's step API, one at a time (one user, as on the seed box) or
+several at once in a closed loop with staggered starts (``run(..., concurrency=N)``).  For every
 engine step the worker records its wall time and the tokens it produced, and attributes the step
-to the phase the request was in when the step was scheduled (the step that produces ``</think>``
-is reasoning time); tokens split at the marker, so per-phase token counts are exact.
+to the phase each request was in when the step was scheduled (the step that produces
+``</think>`` is reasoning time; a step shared by several requests is shared equally); tokens
+split at the marker, so per-phase token counts are exact.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ class RequestTiming:
 
     tokens: dict[str, int] = field(default_factory=lambda: {"reasoning": 0, "answer": 0})
     seconds: dict[str, float] = field(default_factory=lambda: {"reasoning": 0.0, "answer": 0.0})
-    output: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)  # the last request's output
     steps: int = 0
+    outputs: list[list[int]] = field(default_factory=list)  # every request's output
 
     @property
     def total_tokens(self) -> int:
@@ -44,6 +47,11 @@ class RequestTiming:
 def _worker(conn: Any, spec: dict[str, Any]) -> None:
     for key, value in engine_env().items():
         os.environ.setdefault(key, value)
+    for key, value in spec.get("env", {}).items():  # this engine's own settings; None unsets
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     try:
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
@@ -55,6 +63,7 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
         for key in ("speculative_config", "additional_config"):
             if spec.get(key):
                 kwargs[key] = spec[key]
+        kwargs.update(spec.get("engine", {}))  # extra LLM kwargs, e.g. dtype float32, max_model_len
         llm = LLM(**kwargs)
         engine = llm.llm_engine
         conn.send({"ready": True})
@@ -74,45 +83,99 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
                        "live_states": len(hook.controller.states) if hook else None,
                        "confidence": confidence_reports(hook)})
             continue
-        end_id = cmd["end_id"]
-        phase = cmd["start_phase"]
-        count += 1
-        req_id = f"bench-{count}"
-        engine.add_request(req_id, TokensPrompt(prompt_token_ids=cmd["prompt_ids"]),
-                           SamplingParams(temperature=0.0, max_tokens=cmd["max_tokens"]))
-        timing = RequestTiming()
-        seen = 0
-        while engine.has_unfinished_requests():
-            t = time.perf_counter()
-            outs = engine.step()
-            dt = time.perf_counter() - t
-            timing.steps += 1
-            tokens = next((list(o.outputs[0].token_ids) for o in outs if o.request_id == req_id), None)
-            if tokens is None:
-                timing.seconds[phase] += dt
-                continue
-            new = tokens[seen:]
-            seen = len(tokens)
-            timing.seconds[phase] += dt
-            if phase == "reasoning" and end_id in new:  # tokens after </think> are the answer's
-                cut = new.index(end_id) + 1
-                timing.tokens["reasoning"] += cut
-                timing.tokens["answer"] += len(new) - cut
-                phase = "answer"
-            else:
-                timing.tokens[phase] += len(new)
-            timing.output = tokens
-        conn.send({"timing": timing.__dict__})
+        count = _run_closed_loop(engine, cmd, count, SamplingParams, TokensPrompt, conn)
     conn.close()
 
 
-class EnginePool:
-    """``EnginePool({name: engine_spec})``; ``run(name, request)`` -> RequestTiming."""
+def _run_closed_loop(engine: Any, cmd: dict[str, Any], count: int, sampling_params: Any, tokens_prompt: Any,
+                     conn: Any) -> int:
+    """Run ``cmd["requests"]`` requests with at most ``cmd["concurrency"]`` in flight and send one
+    ``RequestTiming`` back; returns the updated request counter.
 
-    def __init__(self, specs: dict[str, dict[str, Any]], start_timeout: float = 600.0) -> None:
+    The first requests start ``stagger`` engine steps apart (so a step mixes requests in different
+    phases), and each finished request is replaced at once while any are left (a closed loop).
+    Each step's wall time is shared equally among the requests in flight and attributed to the
+    phase each was in when the step ran (the step that produces the end marker is reasoning
+    time); tokens split at the marker, so per-phase token counts are exact.
+    """
+    end_id, start_phase = cmd["end_id"], cmd["start_phase"]
+    total, concurrency = int(cmd.get("requests", 1)), max(1, int(cmd.get("concurrency", 1)))
+    stagger = max(0, int(cmd.get("stagger", 0)))
+    params = sampling_params(temperature=0.0, max_tokens=cmd["max_tokens"])
+    prompt = tokens_prompt(prompt_token_ids=cmd["prompt_ids"])
+    timing = RequestTiming()
+    live: dict[str, list[Any]] = {}  # request id -> [phase, tokens seen]
+    outputs: dict[str, list[int]] = {}
+    started = steps_since_start = 0
+
+    def start() -> None:
+        nonlocal count, started, steps_since_start
+        count += 1
+        started += 1
+        steps_since_start = 0
+        req_id = f"bench-{count}"
+        engine.add_request(req_id, prompt, params)
+        live[req_id] = [start_phase, 0]
+
+    start()
+    while live:
+        t = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t
+        timing.steps += 1
+        steps_since_start += 1
+        share = dt / len(live)
+        for req_id in live:
+            timing.seconds[live[req_id][0]] += share
+        for out in outs:
+            state = live.get(out.request_id)
+            if state is None:
+                continue
+            tokens = list(out.outputs[0].token_ids)
+            new = tokens[state[1]:]
+            state[1] = len(tokens)
+            if state[0] == "reasoning" and end_id in new:  # tokens after </think> are the answer's
+                cut = new.index(end_id) + 1
+                timing.tokens["reasoning"] += cut
+                timing.tokens["answer"] += len(new) - cut
+                state[0] = "answer"
+            else:
+                timing.tokens[state[0]] += len(new)
+            outputs[out.request_id] = tokens
+            if out.finished:
+                del live[out.request_id]
+        while started < total and (not live or (len(live) < concurrency and steps_since_start >= stagger)):
+            start()
+            if stagger:
+                break
+    timing.outputs = list(outputs.values())
+    timing.output = timing.outputs[-1] if timing.outputs else []
+    conn.send({"timing": timing.__dict__})
+    return count
+
+
+# On the 2-core CPU machines here the first engines a process starts run slower than the later
+# ones, whatever they run: four identical plain engines measured 0.91, 0.95, 1.00 and 1.00 of the
+# last one's tok/s, in start order (not the kernel's DAMON reclaim: the same with it off).  Two
+# tiny engines started first and left idle take those places, and three identical engines
+# started after them measured within 2 % of each other.
+BALLAST = 2
+
+
+class EnginePool:
+    """``EnginePool({name: engine_spec})``; ``run(name, request)`` -> RequestTiming.
+
+    ``ballast``: tiny idle engines started before the measured ones (see ``BALLAST``)."""
+
+    def __init__(self, specs: dict[str, dict[str, Any]], start_timeout: float = 600.0, ballast: int = 0) -> None:
         ctx = mp.get_context("spawn")
         self.conns: dict[str, Any] = {}
         self.procs: dict[str, Any] = {}
+        if ballast:
+            from dspark_dynamic.testing.tiny_models import Script, build_target
+
+            tiny = {"model": str(build_target(Script()))}
+            specs = {**{f"(ballast {i})": tiny for i in range(ballast)}, **specs}
         try:
             for name, spec in specs.items():  # one at a time: two cores, and start-up is CPU-bound
                 parent, child = ctx.Pipe()
@@ -129,10 +192,14 @@ class EnginePool:
             raise
 
     def run(self, name: str, prompt_ids: list[int], max_tokens: int, end_id: int,
-            start_phase: str = "reasoning") -> RequestTiming:
+            start_phase: str = "reasoning", requests: int = 1, concurrency: int = 1,
+            stagger: int = 0) -> RequestTiming:
+        """``requests`` copies of one request, at most ``concurrency`` in flight, the first ones
+        started ``stagger`` engine steps apart (see ``_run_closed_loop``)."""
         conn = self.conns[name]
         conn.send({"prompt_ids": prompt_ids, "max_tokens": max_tokens, "end_id": end_id,
-                   "start_phase": start_phase})
+                   "start_phase": start_phase, "requests": requests, "concurrency": concurrency,
+                   "stagger": stagger})
         return RequestTiming(**conn.recv()["timing"])
 
     def counters(self, name: str) -> dict[str, Any]:

@@ -249,6 +249,17 @@ def _write_model(out: Path, transitions: dict[int, int] | list[tuple], seed: int
 
 def build_cached(kind: str, spec: dict, script: Script, write: Callable[[Path], None]) -> Path:
     """Build a model once into the content-addressed cache (``write(tmpdir)`` writes its weights)."""
+
+    def write_all(out: Path) -> None:
+        _write_tokenizer(out, script)
+        write(out)
+
+    return cached_dir(kind, spec, write_all)
+
+
+def cached_dir(kind: str, spec: dict, write: Callable[[Path], None]) -> Path:
+    """A model directory written once into the content-addressed cache: ``write(tmpdir)`` writes
+    every file; the directory appears complete (one rename) or not at all."""
     key = hashlib.sha256(json.dumps({"v": BUILDER_VERSION, "kind": kind, **spec}, sort_keys=True).encode())
     target = cache_root() / f"{kind}-{key.hexdigest()[:12]}"
     if (target / "model.safetensors").exists():
@@ -256,7 +267,6 @@ def build_cached(kind: str, spec: dict, script: Script, write: Callable[[Path], 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=target.parent))
     try:
-        _write_tokenizer(tmp, script)
         write(tmp)
         (tmp / "dspark_dynamic_tiny.json").write_text(json.dumps({"kind": kind, **spec}, indent=1))
         try:
@@ -355,6 +365,27 @@ def _write_confident_model(out: Path, script: Script, table: dict[int, int], gap
         pairs.append((src, dst, 1.0))
         pairs.append((src, runner, 1.0 - gaps[src] / CHAIN_LOGIT))
     _write_model(out, pairs, seed=0, hidden=VOCAB_SIZE, orthogonal=True)
+
+
+def drift_draft_transitions(script: Script, answer_hit: float, seed: int) -> dict[int, int]:
+    """Right on every transition of the first half of reasoning, wrong (a filler) on every one
+    of the second half, right on ~``answer_hit`` of the answer's."""
+    table = phase_draft_transitions(script, 1.0, answer_hit, seed)
+    fillers = script.filler_ids()
+    reasoning = script.reasoning_transitions()
+    for i, src in enumerate(reasoning[len(reasoning) // 2:]):
+        table[src] = fillers[i % len(fillers)]
+    return table
+
+
+def build_drift_draft(script: Script = Script(), answer_hit: float = 0.949, seed: int = 4, gap: float = 3.0) -> Path:
+    """A draft whose acceptance drops from all to none halfway through reasoning, and whose
+    confidence says nothing of it: the same logit gap ``gap`` (maximum probability about
+    ``sigmoid(gap)``) whether it is right or wrong (an overconfident drafter)."""
+    table = drift_draft_transitions(script, answer_hit, seed)
+    gaps = {src: gap for src in table}
+    spec = {"script": asdict(script), "answer_hit": answer_hit, "seed": seed, "gap": gap}
+    return build_cached("drift-draft", spec, script, lambda out: _write_confident_model(out, script, table, gaps))
 
 
 def build_phase_draft(

@@ -11,7 +11,9 @@ Settings (each a live vLLM engine on the testbed target, ``draft_model`` drafter
 - ``adaptive``: N = 2 and ``policy: adaptive`` with default options (costs learned online; the
   drafter's own confidences gate each step);
 - ``adaptive (no confidence)``: the same with ``adaptive.confidence`` off (acceptance estimates
-  only), for comparison.
+  only), for comparison;
+- ``vllm-av``, ``freetoken``, ``break-even``, ``p-min``: the peers' rules (``core/peers.py``) on
+  the same drafter, N = 2.
 
 ``shape``: the MoE target's shape (``MoEShape``; ``narrow`` = 32 experts x 4096, top-4, where a
 step at depth 0/1/2 costs about 8 / 13 / 18 ms).  ``drafter``: ``draft_model`` (the sequential
@@ -30,14 +32,17 @@ per-phase counts must equal vLLM's counters; both are checked and reported.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark_dynamic.core.options import PEER_POLICIES
 from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
 from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
-from dspark_dynamic.testing.engine_pool import EnginePool
+from dspark_dynamic.testing.engine_pool import BALLAST, EnginePool
+from dspark_dynamic.testing.progress import ratios_so_far, track
 from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, MoEShape, build_moe_target, build_testbed_draft, prompt_ids
 
 PHASES = ("reasoning", "answer")
@@ -46,6 +51,10 @@ SHAPES = {"default": MoEShape(), "narrow": MoEShape(experts=32, intermediate=409
 # The claims the benchmark prints: (numerator, denominator); "best of k=1|phase" is resolved to
 # whichever of the two has the higher median tok/s.
 CLAIMS = (
+    ("adaptive", "best of fixed k=0|fixed k=1|fixed k=2|phase 1/2"),
+    ("adaptive (no confidence)", "best of fixed k=0|fixed k=1|fixed k=2|phase 1/2"),
+    ("phase 0/0", "fixed k=0"),
+    *(("adaptive", peer) for peer in PEER_POLICIES),
     ("phase 1/2", "fixed k=2"),
     ("phase 1/2", "fixed k=1"),
     ("adaptive", "phase 1/2"),
@@ -61,12 +70,18 @@ CLAIMS = (
 )
 
 
-COPY = " (copy)"  # "<setting> (copy)": the same setting in a second engine; its ratio to the
+COPY = " (copy)"  # "<setting> (copy)", "<setting> (copy 2)", ...: the same setting in another engine; its ratio to the
 # first measures what the benchmark cannot resolve (engine placement, memory layout, noise)
 
 
+def base_setting(name: str) -> str:
+    """The setting a copy runs (``"fixed k=0 (copy 2)"`` -> ``"fixed k=0"``)."""
+    return re.sub(r" \(copy(?: \d+)?\)$", "", name)
+
+
 def controlled(name: str) -> bool:
-    return name.startswith("phase ") or name.startswith("adaptive")
+    name = base_setting(name)
+    return name.startswith("phase ") or name.startswith("adaptive") or name in PEER_POLICIES
 
 
 def trace_file(trace_dir: Path, name: str) -> Path:
@@ -95,7 +110,7 @@ def engine_specs(names: tuple[str, ...], trace_dir: Path, shape: MoEShape = MoES
     target, drafting = testbed_models(shape, drafter)
     specs: dict[str, dict[str, Any]] = {}
     for full_name in names:
-        name = full_name.removesuffix(COPY)  # a second engine of the same setting (A/A check)
+        name = base_setting(full_name)  # another engine of the same setting (A/A check)
         spec: dict[str, Any] = {"model": target}
         if name.startswith("fixed k="):
             k = int(name.split("=")[1])
@@ -112,6 +127,8 @@ def engine_specs(names: tuple[str, ...], trace_dir: Path, shape: MoEShape = MoES
                 options.update(policy="adaptive")
             elif name == "adaptive (no confidence)":
                 options.update(policy="adaptive", adaptive={"confidence": False})
+            elif name in PEER_POLICIES:
+                options.update(policy=name)
             else:
                 raise ValueError(f"unknown setting {name!r}")
             spec["speculative_config"] = {**drafting, "num_speculative_tokens": 2}
@@ -120,9 +137,13 @@ def engine_specs(names: tuple[str, ...], trace_dir: Path, shape: MoEShape = MoES
     return specs
 
 
+PER_SLOT = 2  # at concurrency N, a turn runs this many requests per slot (N in flight)
+
+
 @dataclass
 class WallclockResult:
     settings: list[str]
+    concurrency: int = 1
     rounds: list[dict[str, dict[str, Any]]] = field(default_factory=list)  # per round: setting -> measures
     checks: dict[str, Any] = field(default_factory=dict)
     traces: dict[str, str] = field(default_factory=dict)
@@ -158,7 +179,7 @@ class WallclockResult:
                 "all": summarize(self.tok_per_s(name)).as_dict(),
                 **{p: summarize(self.tok_per_s(name, p)).as_dict() for p in PHASES},
             }
-        copies = tuple((n, n.removesuffix(COPY)) for n in self.settings if n.endswith(COPY))
+        copies = tuple((n, base_setting(n)) for n in self.settings if base_setting(n) != n)
         for a, b in CLAIMS + copies:
             resolved, ratio = self.claim(a, b)
             if ratio is not None:
@@ -169,8 +190,13 @@ class WallclockResult:
 
 def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12, requests: int = 2,
                   warmup: int = 1, log: Any = print, trace_dir: Path | None = None,
-                  shape: MoEShape = MoEShape(), drafter: str = "draft_model") -> WallclockResult:
-    """Start every setting's engine, then run interleaved rounds; returns the measured result."""
+                  shape: MoEShape = MoEShape(), drafter: str = "draft_model", concurrency: int = 1) -> WallclockResult:
+    """Start every setting's engine, then run interleaved rounds; returns the measured result.
+
+    ``concurrency`` 1: each of a round's ``requests`` turns runs one request per setting.  N > 1:
+    each turn runs ``PER_SLOT * N`` requests per setting in a closed loop with N in flight, the
+    first N started a ``1/N`` of a request's length apart (so steps mix reasoning and answering
+    requests)."""
     tmp = None
     if trace_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="wallclock-")
@@ -179,19 +205,23 @@ def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12
     expected = TESTBED_SCRIPT.expected_output(thinking=True)
     prompt = prompt_ids(TESTBED_SCRIPT, thinking=True)
     max_tokens = len(expected) + 10
-    result = WallclockResult(list(settings))
+    per_turn = 1 if concurrency <= 1 else PER_SLOT * concurrency
+    stagger = len(expected) // max(1, concurrency) if concurrency > 1 else 0
+    result = WallclockResult(list(settings), concurrency=concurrency)
     try:
         log(f"starting {len(settings)} engines side by side: {', '.join(settings)} ...")
-        with EnginePool(engine_specs(tuple(settings), trace_dir, shape, drafter)) as pool:
+        with EnginePool(engine_specs(tuple(settings), trace_dir, shape, drafter), ballast=BALLAST) as pool:
             wrong: dict[str, int] = {}
-            for r in range(warmup + rounds):
+            for r in track(range(warmup + rounds), "wall-clock rounds", "round", status=lambda: ratios_so_far(result)):
                 measures = {name: {"tokens": {p: 0 for p in PHASES}, "seconds": {p: 0.0 for p in PHASES}, "steps": 0}
                             for name in settings}
                 for rep in range(requests):  # one request per setting at a time, order rotated
                     for name in rotation(list(settings), r * requests + rep):
-                        timing = pool.run(name, prompt, max_tokens, end_id)
-                        if timing.output != expected:
-                            wrong[name] = wrong.get(name, 0) + 1
+                        timing = pool.run(name, prompt, max_tokens, end_id, requests=per_turn,
+                                          concurrency=concurrency, stagger=stagger)
+                        bad = sum(1 for out in timing.outputs if out != expected)
+                        if bad or len(timing.outputs) != per_turn:
+                            wrong[name] = wrong.get(name, 0) + max(bad, 1)
                         m = measures[name]
                         for p in PHASES:
                             m["tokens"][p] += timing.tokens[p]

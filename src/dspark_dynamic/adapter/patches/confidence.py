@@ -50,7 +50,7 @@ _GREEDY_EPS = 1e-5  # a temperature at or below this samples greedily (features 
 def confidence_wanted(vllm_config: Any) -> bool:
     """The configured policy gates on draft confidences."""
     options = worker_options(vllm_config)
-    return options is not None and options.policy == "adaptive" and options.adaptive.confidence
+    return options is not None and options.reads_confidences
 
 
 def _scaled(logits: Any, temperature: Any) -> Any:

@@ -45,8 +45,8 @@ def controller_depths(vllm_config: Any) -> set[int]:
     if raw is None or not n:
         return set()
     options = parse_options(raw, n)
-    if options.policy == "adaptive":
-        return set(range(options.adaptive.min_depth, n + 1))
+    if options.learns_depth:
+        return set(range(options.adaptive.min_depth if options.policy == "adaptive" else 0, n + 1))
     return {options.reasoning_depth, options.answer_depth}
 
 

@@ -12,7 +12,8 @@ drafts are unlikely to pay).
 runner's ``propose_draft_token_ids`` returns before it prepares the drafter's inputs):
 - ``num_speculative_tokens == 0`` and no request of the batch would fall more than
   ``core.drafter_lag.DEFAULT_MAX_LAG`` positions behind: return no drafts without the forward
-  (as vLLM's own K = 0 path returns) and record where each request's drafter cache stops;
+  (as vLLM's own K = 0 path returns; the runner's whole drafting step returns them as empty host
+  lists, so no device copy or event follows) and record where each request's drafter cache stops;
 - otherwise, before vLLM's first pass, prepend to each lagging request's query the positions its
   cache misses (tokens the target committed, from the runner's ``InputBatch``), with their
   positions and slots.  vLLM's first pass then writes them, as it would have step by step, and
@@ -98,10 +99,7 @@ class DrafterSkip:
         lag = self.lag
         if len(lag) > len(rows):
             lag.prune(self.runner().requests)
-        if lag.may_skip(rows):
-            lag.skip(rows)
-            return True
-        return False
+        return lag.skip_if_allowed(rows)
 
     def plan(self, proposer: Any, args: dict[str, Any]) -> Any:
         """``_SKIP``, None (vLLM's call as it is) or the arguments to replace (a catch-up)."""
@@ -264,11 +262,11 @@ def _runner_propose(original):
             skip = False
         if not skip:
             return original(self, *args, **kwargs)
-        import torch
-
         self._draft_probs = None  # what vLLM's method resets before drafting
         self._draft_prob_req_ids = None
-        return torch.empty(cad.batch_size(), 0, device=cad.query_start_loc.device, dtype=torch.int64)
+        # no drafts as host lists (vLLM's form for host drafters): nothing to copy back, no event
+        # to wait on; the scheduler cleared every request's drafts when it scheduled the step
+        return []
 
     return propose_draft_token_ids
 

@@ -164,7 +164,10 @@ def _after_update(hook: SchedulerHook, scheduler: Any, ctx: tuple, result: Any, 
     requests = scheduler.requests
     if len(controller.states) > len(requests):
         controller.prune(requests)
-    hook.publish(force=not scheduler.running)
+    idle = not scheduler.running
+    hook.publish(force=idle)
+    if idle:
+        controller.stats.close()  # the trace's buffered rows, while nothing waits on the engine
     hook.maybe_log()
     hook.last_update_end = time.monotonic()
 

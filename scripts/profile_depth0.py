@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Where a step that verifies no draft spends its time, against plain decoding (a profiler).
+
+Runs each setting's engine in a fresh process on the MoE testbed (in-process engine core, so
+scheduler and worker share one interpreter), drives ``--concurrency`` requests at a time
+through ``engine.step()`` under ``cProfile`` after a warm-up, and prints per engine step:
+- the median wall time of a step, and of a step with no prefill in it;
+- the functions whose own time (and cumulative time) per step differs most from the first
+  setting's (plain decoding by default), grouped: the plugin's hooks, vLLM's scheduler,
+  the model runner, the sampler, the drafter, the model forward.
+
+    python scripts/profile_depth0.py [--shape narrow] [--concurrency 4] [--steps 600]
+    python scripts/profile_depth0.py --settings "fixed k=0,phase 0/0,phase 1/2"
+
+cProfile slows Python code (not the kernels) by a roughly constant factor, so the differences
+between settings, not the absolute times, are what it attributes; the medians printed without
+the profiler (``--no-profile``) are the wall-clock figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+GROUPS = (  # (label, substring of "file:function"), first match wins
+    ("plugin hooks", "dspark_dynamic"),
+    ("drafter", "spec_decode/"),
+    ("sampler", "v1/sample/"),
+    ("scheduler", "v1/core/"),
+    ("model forward", "model_executor/"),
+    ("model runner", "v1/worker/"),
+    ("engine", "v1/engine/"),
+    ("torch", "torch/"),
+)
+
+
+def child(args: argparse.Namespace) -> None:
+    """One setting's engine: run, profile, write ``{steps, step_ms, decode_ms}`` and the stats."""
+    import cProfile
+    import time
+
+    from dspark_dynamic.testing.engine_run import engine_env
+
+    for key, value in engine_env().items():
+        os.environ.setdefault(key, value)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, prompt_ids
+    from dspark_dynamic.testing.wallclock import SHAPES, engine_specs
+
+    spec = engine_specs((args.setting,), Path(args.out).parent, SHAPES[args.shape], args.drafter)[args.setting]
+    spec["additional_config"] = spec.get("additional_config")
+    if spec["additional_config"]:
+        spec["additional_config"]["dspark_dynamic"].pop("trace_path", None)
+    kwargs = dict(model=spec["model"], dtype="bfloat16", max_model_len=512, enforce_eager=True,
+                  disable_log_stats=False, distributed_executor_backend="uni", seed=0)
+    for key in ("speculative_config", "additional_config"):
+        if spec.get(key):
+            kwargs[key] = spec[key]
+    engine = LLM(**kwargs).llm_engine
+    prompt = TokensPrompt(prompt_token_ids=prompt_ids(TESTBED_SCRIPT, thinking=True))
+    params = SamplingParams(temperature=0.0, max_tokens=len(TESTBED_SCRIPT.expected_output()) + 10)
+    stagger = len(TESTBED_SCRIPT.expected_output()) // args.concurrency
+    count = 0
+
+    def add() -> None:
+        nonlocal count
+        count += 1
+        engine.add_request(f"p-{count}", prompt, params)
+
+    profiler = cProfile.Profile()
+    times, decode = [], []
+    for i in range(args.warmup + args.steps):
+        live = engine.get_num_unfinished_requests()
+        if live < args.concurrency and (live == 0 or i % max(1, stagger) == 0):
+            add()
+        prefill = engine.get_num_unfinished_requests() > live
+        if i == args.warmup and args.profile:
+            profiler.enable()
+        t = time.perf_counter()
+        engine.step()
+        dt = time.perf_counter() - t
+        if i >= args.warmup:
+            times.append(dt)
+            if not prefill:
+                decode.append(dt)
+    profiler.disable()
+    if args.profile:
+        profiler.dump_stats(args.out + ".prof")
+    Path(args.out).write_text(json.dumps({"steps": len(times), "step_ms": 1e3 * statistics.median(times),
+                                          "decode_ms": 1e3 * statistics.median(decode) if decode else None,
+                                          "mean_ms": 1e3 * statistics.fmean(times)}))
+
+
+def group_of(key: tuple[str, int, str]) -> str:
+    where = f"{key[0]}:{key[2]}"
+    for label, needle in GROUPS:
+        if needle in where:
+            return label
+    return "other"
+
+
+def per_step(path: str, steps: int) -> dict[tuple[str, int, str], tuple[float, float]]:
+    """function -> (own seconds, cumulative seconds) per step."""
+    stats = pstats.Stats(path).stats  # type: ignore[attr-defined]
+    return {key: (tt / steps, ct / steps) for key, (_cc, _nc, tt, ct, _callers) in stats.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--settings", default="fixed k=0,phase 0/0", help="comma-separated; the first is the reference")
+    ap.add_argument("--shape", default="narrow")
+    ap.add_argument("--drafter", default="draft_model")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--setting", help=argparse.SUPPRESS)  # child mode
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.setting:
+        child(args)
+        return 0
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    tmp = tempfile.mkdtemp(prefix="profile-depth0-")
+    results = {}
+    for i, name in enumerate(settings):
+        out = os.path.join(tmp, f"{i}.json")
+        cmd = [sys.executable, __file__, "--setting", name, "--out", out, "--shape", args.shape,
+               "--drafter", args.drafter, "--concurrency", str(args.concurrency), "--steps", str(args.steps),
+               "--warmup", str(args.warmup)] + ([] if args.profile else ["--no-profile"])
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        results[name] = json.loads(Path(out).read_text())
+        r = results[name]
+        print(f"{name:<14} median step {r['step_ms']:.2f} ms, decode-only {r['decode_ms']:.2f} ms, "
+              f"mean {r['mean_ms']:.2f} ms over {r['steps']} steps" + (" (under cProfile)" if args.profile else ""))
+    if not args.profile:
+        return 0
+    ref_name = settings[0]
+    ref = per_step(os.path.join(tmp, "0.json.prof"), results[ref_name]["steps"])
+    for i, name in enumerate(settings[1:], start=1):
+        other = per_step(os.path.join(tmp, f"{i}.json.prof"), results[name]["steps"])
+        groups: dict[str, float] = {}
+        for key in set(ref) | set(other):
+            d = other.get(key, (0.0, 0.0))[0] - ref.get(key, (0.0, 0.0))[0]
+            groups[group_of(key)] = groups.get(group_of(key), 0.0) + d
+        print(f"\n{name} - {ref_name}: own time per step by group (ms, under cProfile)")
+        for label, d in sorted(groups.items(), key=lambda kv: -abs(kv[1])):
+            print(f"  {label:<14} {1e3 * d:+8.3f}")
+        diffs = []
+        for key in set(ref) | set(other):
+            a, b = ref.get(key, (0.0, 0.0)), other.get(key, (0.0, 0.0))
+            diffs.append((b[0] - a[0], b[1] - a[1], key))
+        print(f"functions by own-time difference per step (ms): own, cumulative")
+        for d_own, d_cum, key in sorted(diffs, key=lambda t: -abs(t[0]))[: args.top]:
+            where = f"{Path(key[0]).parent.name}/{Path(key[0]).name}:{key[1]} {key[2]}"
+            print(f"  {1e3 * d_own:+8.3f} {1e3 * d_cum:+8.3f}  {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Acceptance: how likely a request's next drafts are to be accepted (pure logic).
+
+A request-step that verified ``k`` drafts and accepted ``m`` observes positions
+``1..min(k, m+1)``: successes at ``1..m`` and a failure at ``m+1`` (when ``m < k``).
+
+- ``PositionRates``, per phase: ``a_j = P(draft j accepted | drafts 1..j-1 accepted)``, a Beta
+  posterior per position: the recent outcomes, fading with every request-step of the phase
+  (``1 - 1/window``), observed or not, plus ``prior_weight`` pseudo-observations of the
+  position's long-run rate (all its outcomes, with one pseudo-observation of the position
+  before it, ``1/2`` for the first).  A phase that stopped drafting keeps its estimate but grows
+  uncertain again, so a draw from its posterior (``sample``) sometimes says drafting pays:
+  exploration that stops by itself while the evidence is fresh, and costs little where it is
+  frequent (near break-even).
+- ``Persistence``, per phase: the lag-1 autocorrelation ``rho`` of consecutive first-draft
+  outcomes (shrunk toward 0 by ``prior_weight`` pseudo-observations): 0 for independent
+  outcomes, near 1 where drafts come in easy and hard stretches.
+- ``RequestRecord``: a request's own outcomes over its last ``REQUEST_MEMORY`` steps, and a
+  draw of its own rates (``sample_offsets``: a Beta posterior centred on its phase's, as strong
+  as the phase's outcomes are independent), as log-odds shifts of the phase's rates.
+- ``GateSample``, per phase: the calibrated log-odds of the last ``RESERVOIR`` gated drafts, so
+  the drafting decision can price a position at what gating it would gain, ``E[(s - v)^+]`` at a
+  verify price ``v``, under a request's own shifts.
+
+Invariants: every rate lies in ``(0, 1)``; a position never observed has its predecessor's rate;
+a sample is the mean when the posterior is a point (``prior_weight`` 0 and no decay).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections import deque
+
+REQUEST_MEMORY = 12.0  # steps a request's own record remembers (tuned on the drift workload)
+RESERVOIR = 16  # gated drafts per phase and position the drafting decision reads (tuned)
+_EPS = 1e-4
+
+
+def logit(p: float) -> float:
+    p = _EPS if p < _EPS else (1.0 - _EPS if p > 1.0 - _EPS else p)
+    return math.log(p / (1.0 - p))
+
+
+def sigmoid(z: float) -> float:
+    if z >= 0.0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+class PositionRates:
+    """Per-position Beta posteriors with forgetting in request-steps (see the module docstring)."""
+
+    __slots__ = ("n", "prior_weight", "keep", "succ", "seen", "all_succ", "all_seen", "observations", "_clock",
+                 "_aged", "_means")
+
+    def __init__(self, positions: int, prior_weight: float = 20.0, window: float = 400.0) -> None:
+        self.n = positions
+        self.prior_weight = prior_weight
+        self.keep = 1.0 - 1.0 / window
+        self.succ = [0.0] * positions  # recent (fading) outcomes
+        self.seen = [0.0] * positions
+        self.all_succ = [0] * positions  # every outcome
+        self.all_seen = [0] * positions
+        self.observations = 0  # request-steps that verified drafts, ever
+        self._clock = 0  # request-steps of the phase
+        self._aged = 0  # the clock when the counts were last aged
+        self._means: list[float] | None = None
+
+    def tick(self) -> None:
+        """One request-step of the phase passed (evidence fades by ``keep``)."""
+        self._clock += 1
+
+    def _age(self) -> None:
+        lag = self._clock - self._aged
+        if lag:
+            f = self.keep ** lag
+            self.succ = [s * f for s in self.succ]
+            self.seen = [s * f for s in self.seen]
+            self._aged = self._clock
+            self._means = None
+
+    def learn_one(self, verified: int, accepted: int) -> None:
+        if verified <= 0:
+            return
+        self._age()
+        for j in range(min(verified, accepted + 1, self.n)):
+            self.seen[j] += 1.0
+            self.all_seen[j] += 1
+            if j < accepted:
+                self.succ[j] += 1.0
+                self.all_succ[j] += 1
+        self.observations += 1
+        self._means = None
+
+    def predict_one(self) -> list[float]:
+        """The posterior mean rate of each position (cached until the counts change)."""
+        if self._clock != self._aged:
+            self._age()
+        means = self._means
+        if means is None:
+            means, before, w = [], 0.5, self.prior_weight
+            for s, n, s_all, n_all in zip(self.succ, self.seen, self.all_succ, self.all_seen):
+                # the first position reverts to its long-run rate, a later one to the one before it
+                anchor = (s_all + before) / (n_all + 1.0) if not means else before
+                a = (s + w * anchor) / (n + w) if n + w > 0 else anchor
+                a = _EPS if a < _EPS else (1.0 - _EPS if a > 1.0 - _EPS else a)
+                means.append(a)
+                before = a
+            self._means = means
+        return means
+
+    def evidence(self, position: int) -> float:
+        """Observations behind a position's rate, with its prior's (after fading)."""
+        if self._clock != self._aged:
+            self._age()
+        return self.seen[position] + self.prior_weight
+
+    def sample(self, rng: random.Random) -> list[float]:
+        """One draw per position (normal approximation of each Beta posterior)."""
+        out = []
+        for j, a in enumerate(self.predict_one()):
+            sd = math.sqrt(a * (1.0 - a) / (self.evidence(j) + 1.0))
+            d = a + sd * rng.gauss(0.0, 1.0)
+            out.append(_EPS if d < _EPS else (1.0 - _EPS if d > 1.0 - _EPS else d))
+        return out
+
+
+class Persistence:
+    """Lag-1 autocorrelation of consecutive first-draft outcomes, with forgetting."""
+
+    __slots__ = ("keep", "shrink", "n", "sx", "sy", "sxy", "sxx", "_rho")
+
+    def __init__(self, window: float = 400.0, prior_weight: float = 20.0) -> None:
+        self.keep = 1.0 - 1.0 / window
+        self.shrink = prior_weight
+        self.n = self.sx = self.sy = self.sxy = self.sxx = 0.0
+        self._rho: float | None = 0.0
+
+    def learn_one(self, prev: float, cur: float) -> None:
+        k = self.keep
+        self.n = self.n * k + 1.0
+        self.sx = self.sx * k + prev
+        self.sy = self.sy * k + cur
+        self.sxy = self.sxy * k + prev * cur
+        self.sxx = self.sxx * k + prev * prev
+        self._rho = None
+
+    def predict_one(self) -> float:
+        rho = self._rho
+        if rho is None:
+            rho = 0.0
+            if self.n > 0.0:
+                mx, my = self.sx / self.n, self.sy / self.n
+                var = self.sxx / self.n - mx * mx
+                if var > 1e-6:
+                    # less one standard error of a correlation (1/sqrt(n)): chance correlation of
+                    # independent outcomes counts as none
+                    raw = (self.sxy / self.n - mx * my) / var - 1.0 / math.sqrt(self.n)
+                    rho = max(0.0, min(1.0, raw)) * self.n / (self.n + self.shrink)
+            self._rho = rho
+        return rho
+
+
+class RequestRecord:
+    """One request's recent outcomes in its current phase (``REQUEST_MEMORY`` steps; ``steps``
+    counts the request's steps, its outcomes fade by them when next read)."""
+
+    __slots__ = ("phase", "_succ", "_seen", "last_first", "steps")
+
+    def __init__(self, phase: object, positions: int) -> None:
+        self.phase = phase
+        self._succ = [0.0] * positions
+        self._seen = [0.0] * positions
+        self.last_first: float | None = None
+        self.steps = 0  # request-steps not yet applied to the counts
+
+    def _aged(self) -> None:
+        if self.steps:
+            k = (1.0 - 1.0 / REQUEST_MEMORY) ** self.steps
+            self._succ = [s * k for s in self._succ]
+            self._seen = [s * k for s in self._seen]
+            self.steps = 0
+
+    def age(self) -> None:
+        self.steps += 1
+
+    @property
+    def succ(self) -> list[float]:
+        self._aged()
+        return self._succ
+
+    @property
+    def seen(self) -> list[float]:
+        self._aged()
+        return self._seen
+
+    def learn_one(self, verified: int, accepted: int) -> None:
+        self._aged()
+        for j in range(min(verified, accepted + 1, len(self._seen))):
+            self._seen[j] += 1.0
+            if j < accepted:
+                self._succ[j] += 1.0
+
+    def mean_offsets(self, rates: list[float], rho: float) -> list[float]:
+        """The posterior mean of this request's log-odds shifts (see ``sample_offsets``)."""
+        kappa = (1.0 - rho) / rho
+        return [logit((s + kappa * a) / (n + kappa)) - logit(a) for s, n, a in zip(self.succ, self.seen, rates)]
+
+    def sample_offsets(self, rates: list[float], rho: float, rng: random.Random) -> list[float]:
+        """One draw of this request's log-odds shift from its phase's ``rates``, per position.
+
+        Its rate's posterior is ``Beta(s + kappa a, f + kappa (1 - a))``: its own successes and
+        failures with ``kappa = (1 - rho) / rho`` pseudo-observations of the phase's rate ``a``
+        (outcomes whose lag-1 correlation is ``rho`` behave as draws from a per-stretch rate
+        spread as ``Beta(kappa a, kappa (1 - a))``, whose intra-class correlation is
+        ``1 / (kappa + 1)``).  A fresh request of a phase whose outcomes persist is thus very
+        uncertain, and a draw verifies its drafts often enough to learn them."""
+        kappa = (1.0 - rho) / rho
+        out = []
+        for s, n, a in zip(self.succ, self.seen, rates):
+            alpha, beta = s + kappa * a, (n - s) + kappa * (1.0 - a)
+            d = rng.betavariate(alpha, beta) if alpha > 1e-9 and beta > 1e-9 else a
+            out.append(logit(d) - logit(a))
+        return out
+
+
+def shifted(rates: list[float], offsets: list[float] | None) -> list[float]:
+    if not offsets:
+        return rates
+    return [sigmoid(logit(a) + o) for a, o in zip(rates, offsets)]
+
+
+def survival(rates: list[float]) -> list[float]:
+    """``s_j = prod_{i<=j} a_i``: the tokens draft ``j`` adds, in expectation."""
+    out, s = [], 1.0
+    for a in rates:
+        s *= a
+        out.append(s)
+    return out
+
+
+class GateSample:
+    """A phase's last ``RESERVOIR`` gated drafts (see the module docstring): each draft's
+    calibrated log-odds per position (offset-free), and per position their survivals, sorted,
+    so ``gated`` prices a position in ``O(log RESERVOIR)``."""
+
+    __slots__ = ("entries", "sorted", "_sums")
+
+    def __init__(self, positions: int) -> None:
+        self.entries: deque[tuple[tuple[float, ...], tuple[float, ...]]] = deque()
+        self.sorted: list[list[float]] = [[] for _ in range(positions)]
+        self._sums: list[list[float] | None] = [None] * positions  # suffix sums of ``sorted``, lazily
+
+    def learn_one(self, logits: list[float]) -> None:
+        entries, sorted_, sums = self.entries, self.sorted, self._sums
+        if len(entries) == RESERVOIR:
+            _z, old = entries.popleft()
+            for j, v in enumerate(old):
+                ordered = sorted_[j]
+                del ordered[bisect.bisect_left(ordered, v)]
+                sums[j] = None
+        surv, s = [], 1.0
+        for j, z in enumerate(logits[: len(sorted_)]):
+            s *= 1.0 / (1.0 + math.exp(-z)) if z >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(z))
+            surv.append(s)
+            bisect.insort(sorted_[j], s)
+            sums[j] = None
+        entries.append((tuple(logits), tuple(surv)))
+
+    def count(self, position: int) -> int:
+        return len(self.sorted[position])
+
+    def gated(self, position: int, price: float) -> tuple[float, float]:
+        """(``E[(s - price)^+]``, ``P(s > price)``) over the position's recent survivals."""
+        ordered = self.sorted[position]
+        n = len(ordered)
+        i = bisect.bisect_right(ordered, price)
+        if i == n:
+            return 0.0, 0.0
+        sums = self._sums[position]
+        if sums is None:
+            sums, acc = [0.0] * (n + 1), 0.0
+            for k in range(n - 1, -1, -1):
+                acc += ordered[k]
+                sums[k] = acc
+            self._sums[position] = sums
+        above = n - i
+        return (sums[i] - price * above) / n, above / n
+
+    def survivals(self, shifts: list[float], positions: int) -> list[list[float]]:
+        """Per position, the survivals of the recent drafts that reached it, with ``shifts``
+        added to their log-odds."""
+        out: list[list[float]] = [[] for _ in range(positions)]
+        for z, _surv in self.entries:
+            s = 1.0
+            for j, zj in enumerate(z[:positions]):
+                zj += shifts[j]
+                s *= 1.0 / (1.0 + math.exp(-zj)) if zj >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(zj))
+                out[j].append(s)
+        return out
+
+
+def gated(values: list[float], price: float) -> tuple[float, float]:
+    """(``E[(s - price)^+]``, ``P(s > price)``) over ``values``."""
+    gain = share = 0.0
+    for s in values:
+        if s > price:
+            gain += s - price
+            share += 1.0
+    n = len(values)
+    return gain / n, share / n

@@ -1,0 +1,276 @@
+"""What an engine step costs: one model of the whole step, learned online (pure logic).
+
+``StepCost`` predicts a decode step's time from what it carries,
+``x = (1, requests, drafts verified, any draft verified, drafter ran, positions drafted per
+request, positions drafted in all, drafter resumed)``: ``time = theta . x`` seconds.
+- Bayesian linear regression: a Gaussian prior on ``theta`` (from the configured cost ratios,
+  scaled to the first steps' times) and a Gaussian posterior given the steps seen, with the
+  noise variance estimated from the residuals.  ``predict_one(x)`` is the posterior mean,
+  ``sample(rng)`` one draw of ``theta`` (Thompson sampling: a choice is explored as often as the
+  posterior says it may be the best, and never again once the posterior says it is not).
+- Forgetting: every step multiplies the data's weight by ``1 - 1/MEMORY``, so the model follows
+  the machine (a directions the recent data did not vary goes back to the prior: its width
+  makes the decision try it again, so a size seen once while the machine was slow is not a
+  dead spot).
+- Robust: a step's residual is clipped at ``CLIP`` times the running mean absolute residual
+  before it is fitted (a stray slow step on a shared machine, a compilation, an allocator stall).
+- A step that drafts after one that drafted nothing, where the idle drafter was skipped, also
+  runs the drafter over the positions it missed: the ``resumed`` feature prices that once.
+
+Invariants: the posterior covariance stays symmetric positive definite (prior precision plus a
+weighted Gram matrix); the data's statistics are kept per step shape (one dict update per step,
+O(1) on the scheduler's critical path) and solved every ``SOLVE_EVERY`` steps; without
+``learn`` the costs are the prior's, in units of a plain one-request decode step.
+
+``ShapeTable`` is the alternative the peers use (a mean time per shape, nothing shared between
+shapes); ``scripts/cost_models.py`` measures both on recorded steps.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import NamedTuple
+
+# x = (1, requests, verified, any verified, drafter ran, drafted per request, drafted in all, resumed)
+STEP, REQUEST, VERIFIED, FIRST, DRAFTER, DRAFTED, DRAFTED_ALL, RESUMED = range(8)
+NAMES = ("step", "request", "verified", "first verified", "drafter", "drafted", "drafted x requests", "resumed")
+N_FEATURES = len(NAMES)
+
+MEMORY = 500.0  # steps of memory (tuned: the testbed's machine state moves over ~1000 steps)
+CLIP = 3.0  # residuals clipped at this many mean absolute residuals (tuned)
+WARMUP = 16  # an engine's first decode steps are not fitted: caches, allocator (tuned)
+PRIOR_SD = 0.5  # prior standard deviation of every coefficient, in plain one-request steps (tuned)
+SOLVE_EVERY = 64  # steps between solves (speed: a solve costs ~150 us)
+
+
+class Shape(NamedTuple):
+    requests: int
+    verified: int
+    drafted: int  # positions drafted per request (the drafter's depth for the step)
+    resumed: bool = False  # the drafter caught up over positions it skipped while idle
+    idle_drafter_runs: bool = False  # the drafter runs its forward even when it drafts nothing
+
+
+def features(shape: Shape) -> tuple[float, ...]:
+    r, v, d = float(shape.requests), float(shape.verified), float(shape.drafted)
+    ran = 1.0 if d > 0 or shape.idle_drafter_runs else 0.0
+    return (1.0, r, v, 1.0 if v > 0 else 0.0, ran, d, d * r, 1.0 if shape.resumed else 0.0)
+
+
+def prior_mean(verify: float, draft: float, draft_token: float) -> list[float]:
+    """The prior's coefficients in plain one-request steps: a plain step split evenly between
+    the step and its request, ``verify`` per verified draft, ``draft`` for running the drafter,
+    ``draft_token`` per drafted position (0 for a parallel drafter)."""
+    return [0.5, 0.5, verify, 0.0, draft, draft_token, 0.0, 0.0]
+
+
+def _cholesky(a: list[list[float]]) -> list[list[float]] | None:
+    n = len(a)
+    low = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            s = a[i][j] - sum(low[i][k] * low[j][k] for k in range(j))
+            if i == j:
+                if s <= 0.0:
+                    return None
+                low[i][i] = math.sqrt(s)
+            else:
+                low[i][j] = s / low[j][j]
+    return low
+
+
+def _inverse_spd(a: list[list[float]]) -> list[list[float]] | None:
+    """Inverse of a symmetric positive-definite matrix (Gauss-Jordan; no pivoting needed)."""
+    n = len(a)
+    m = [row[:] for row in a]
+    for c in range(n):
+        rc = m[c]
+        pivot = rc[c]
+        if not pivot > 1e-300:
+            return None
+        inv = 1.0 / pivot
+        for j in range(n):
+            rc[j] *= inv
+        rc[c] = inv
+        for r in range(n):
+            if r != c:
+                rr = m[r]
+                f = rr[c]
+                if f:
+                    for j in range(n):
+                        rr[j] -= f * rc[j]
+                    rr[c] = -f * inv
+    return m
+
+
+class StepCost:
+    """``time = theta . features(shape)``, learned online (see the module docstring)."""
+
+    def __init__(self, verify: float = 0.5, draft: float = 0.04, draft_token: float = 0.0, learn: bool = True) -> None:
+        self.learn = learn
+        self.relative = prior_mean(verify, draft, draft_token)
+        self.scale = 1.0  # seconds per plain one-request step (set from the warm-up steps)
+        self.mean = list(self.relative)  # posterior mean of theta
+        self._low: list[list[float]] | None = None  # Cholesky factor of the posterior covariance
+        self.solved = 0  # solves so far (0: the prior's costs)
+        self.fitted = 0
+        self._warm: list[tuple[float, tuple[float, ...]]] = []
+        self._keep = 1.0 - 1.0 / MEMORY
+        self._grow = 1.0 / self._keep
+        self._w = 1.0  # weight of the next step (grows; renormalised at each solve)
+        self.shapes: dict[tuple[float, ...], list[float]] = {}  # x -> [sum w, sum w y, sum w y^2]
+        self._features: dict[Shape, tuple[float, ...]] = {}  # ``features`` of the shapes seen
+        self.abs_err = 0.0
+        self.noise = 0.0  # residual variance (seconds^2)
+
+    @property
+    def known(self) -> bool:
+        """The costs come from data (or are given): decisions may leave the phase defaults."""
+        return not self.learn or self.solved > 0
+
+    def predict_one(self, x: tuple[float, ...]) -> float:
+        m = self.mean
+        return sum(m[i] * v for i, v in enumerate(x) if v)
+
+    def learn_one(self, shape: Shape, seconds: float) -> None:
+        """Add one decode step (O(1): one shape's sums; a solve every ``SOLVE_EVERY`` steps)."""
+        if not self.learn or seconds <= 0.0 or shape.requests <= 0:
+            return
+        x = self._features.get(shape)
+        if x is None:
+            x = self._features[shape] = features(shape)
+        if self.scale == 1.0 and self.solved == 0:
+            self._warm.append((seconds, x))
+            if len(self._warm) <= WARMUP:
+                return
+            if len(self._warm) == WARMUP + 1:
+                self._set_scale()
+        pred = self.predict_one(x)
+        err = seconds - pred
+        if self.abs_err > 0.0:
+            bound = CLIP * self.abs_err
+            err = -bound if err < -bound else (bound if err > bound else err)
+        self.abs_err = abs(err) if self.abs_err == 0.0 else 0.98 * self.abs_err + 0.02 * abs(err)
+        y = pred + err
+        w = self._w = self._w * self._grow
+        acc = self.shapes.get(x)
+        if acc is None:
+            self.shapes[x] = [w, w * y, w * y * y]
+        else:
+            acc[0] += w
+            acc[1] += w * y
+            acc[2] += w * y * y
+        self.fitted += 1
+        if self.fitted % SOLVE_EVERY == 0:
+            self.solve()
+
+    def _set_scale(self) -> None:
+        """Seconds per plain one-request step: the median of the warm-up steps' times over what
+        the prior predicts for them (the prior is in units of that step)."""
+        ratios = sorted(t / max(1e-9, sum(r * v for r, v in zip(self.relative, x))) for t, x in self._warm[1:])
+        self.scale = ratios[len(ratios) // 2]
+        self.mean = [self.scale * c for c in self.relative]
+        self._warm = []
+
+    def solve(self) -> None:
+        """The posterior given the forgotten statistics (and the noise variance they show)."""
+        n = N_FEATURES
+        scale = 1.0 / self._w
+        self._w = 1.0
+        xx = [[0.0] * n for _ in range(n)]
+        xy = [0.0] * n
+        yy = weight = 0.0
+        for x in list(self.shapes):
+            acc = self.shapes[x]
+            w, wy, wyy = acc[0] * scale, acc[1] * scale, acc[2] * scale
+            if w < 1e-9:
+                del self.shapes[x]
+                continue
+            acc[0], acc[1], acc[2] = w, wy, wyy
+            weight += w
+            yy += wyy
+            nz = [(i, v) for i, v in enumerate(x) if v]
+            for i, vi in nz:
+                xy[i] += wy * vi
+                row = xx[i]
+                for j, vj in nz:
+                    row[j] += w * vi * vj
+        if weight <= 0.0:
+            return
+        # residual variance at the current mean (what the data says of the noise), floored so a
+        # few identical steps do not claim certainty
+        m = self.mean
+        sse = yy - 2.0 * sum(m[i] * xy[i] for i in range(n)) + sum(
+            m[i] * m[j] * xx[i][j] for i in range(n) for j in range(n) if xx[i][j])
+        floor = (0.01 * self.scale) ** 2
+        self.noise = max(sse / weight, floor)
+        prior_var = (PRIOR_SD * self.scale) ** 2
+        precision = [[xx[i][j] / self.noise + (1.0 / prior_var if i == j else 0.0) for j in range(n)] for i in range(n)]
+        cov = _inverse_spd(precision)
+        if cov is None:
+            return
+        rhs = [xy[i] / self.noise + self.scale * self.relative[i] / prior_var for i in range(n)]
+        self.mean = [sum(cov[i][j] * rhs[j] for j in range(n)) for i in range(n)]
+        low = _cholesky(cov)
+        self._low = None if low is None else [row[: i + 1] for i, row in enumerate(low)]
+        self.solved += 1
+
+    def sample(self, rng: random.Random) -> list[float]:
+        """One draw of ``theta`` from the posterior (the mean itself while costs are given or
+        not yet solved)."""
+        low = self._low
+        if low is None or not self.learn:
+            return self.mean
+        gauss = rng.gauss
+        z = [gauss(0.0, 1.0) for _ in range(N_FEATURES)]
+        out = []
+        for m, row in zip(self.mean, low):  # row i of the Cholesky factor: its first i+1 entries
+            for a, b in zip(row, z):
+                m += a * b
+            out.append(m)
+        return out
+
+    def sd(self, index: int) -> float:
+        """The posterior standard deviation of one coefficient (0 while given)."""
+        low = self._low
+        if low is None:
+            return 0.0 if not self.learn else PRIOR_SD * self.scale
+        return math.sqrt(sum(v * v for v in low[index]))  # row ``index`` of L: var = (L L^T)_ii
+
+    def describe(self) -> str:
+        unit = self.scale
+        terms = ", ".join(f"{name} {c / unit:.3f}" for name, c in zip(NAMES, self.mean) if abs(c) > 1e-3 * unit)
+        where = "learned" if self.learn and self.solved else "given"
+        return f"step cost ({where}, plain step {1e3 * unit:.2f} ms = 1): {terms}"
+
+
+class ShapeTable:
+    """A mean step time per shape with forgetting and the same clipping (what the peers tabulate);
+    an unseen shape is predicted by the nearest seen one with the same requests, else by
+    ``fallback``."""
+
+    def __init__(self, memory: float = MEMORY) -> None:
+        self.keep = 1.0 - 1.0 / memory
+        self.cells: dict[Shape, list[float]] = {}  # shape -> [weight, mean, mean absolute residual]
+
+    def learn_one(self, shape: Shape, seconds: float) -> None:
+        cell = self.cells.get(shape)
+        if cell is None:
+            self.cells[shape] = [1.0, seconds, 0.0]
+            return
+        err = seconds - cell[1]
+        if cell[2] > 0.0:
+            bound = CLIP * cell[2]
+            err = -bound if err < -bound else (bound if err > bound else err)
+        cell[2] = abs(err) if cell[2] == 0.0 else 0.98 * cell[2] + 0.02 * abs(err)
+        cell[0] = cell[0] * self.keep + 1.0
+        cell[1] += err / cell[0]
+
+    def predict_one(self, shape: Shape, fallback: float | None = None) -> float | None:
+        cell = self.cells.get(shape)
+        if cell is not None:
+            return cell[1]
+        near = [(abs(s.verified - shape.verified) + abs(s.drafted - shape.drafted), c[1])
+                for s, c in self.cells.items() if s.requests == shape.requests]
+        return min(near)[1] if near else fallback

@@ -1,0 +1,135 @@
+"""The step cost model: learned online, forgetting, robust, with a posterior (pure logic)."""
+
+import random
+import statistics
+
+import pytest
+
+from dspark_dynamic.core import costs
+from dspark_dynamic.core.costs import (
+    DRAFTED,
+    DRAFTER,
+    FIRST,
+    REQUEST,
+    RESUMED,
+    STEP,
+    VERIFIED,
+    Shape,
+    ShapeTable,
+    StepCost,
+    features,
+)
+
+# a testbed-like machine, seconds: 4 ms per step, 1.5 ms per request, 2 ms per verified draft,
+# 1 ms once for verifying any, 1.2 ms for running the drafter, 0.4 ms per drafted position,
+# 5 ms for a drafter catching up after idle steps
+TRUE = {STEP: 4e-3, REQUEST: 1.5e-3, VERIFIED: 2e-3, FIRST: 1e-3, DRAFTER: 1.2e-3, DRAFTED: 0.4e-3, RESUMED: 5e-3}
+
+
+def true_time(shape, truth=TRUE):
+    x = features(shape)
+    return sum(truth.get(i, 0.0) * v for i, v in enumerate(x))
+
+
+def shapes(rng):
+    """Varied steps: 1-8 requests, any verified count up to 2 per request, drafting 0-2."""
+    last = 1
+    while True:
+        r = rng.randint(1, 8)
+        d = rng.choice((0, 1, 2))
+        v = rng.randint(0, 2 * r) if rng.random() < 0.8 else 0
+        yield Shape(r, v, d, resumed=d > 0 and last == 0)
+        last = d
+
+
+def feed(model, n, rng, truth=TRUE, noise=0.2e-3, outliers=0.0):
+    gen = shapes(rng)
+    for _ in range(n):
+        shape = next(gen)
+        t = true_time(shape, truth) + rng.gauss(0.0, noise)
+        if outliers and rng.random() < outliers:
+            t += 0.05  # a 50 ms stall
+        model.learn_one(shape, t)
+
+
+def test_learns_every_term_of_the_step_from_varied_steps():
+    model = StepCost(verify=0.5, draft=0.04, draft_token=0.2)
+    feed(model, 3000, random.Random(0))
+    for i, value in TRUE.items():
+        assert model.mean[i] == pytest.approx(value, abs=0.25e-3), costs.NAMES[i]
+    shape = Shape(4, 4, 1)
+    assert model.predict_one(features(shape)) == pytest.approx(true_time(shape), rel=0.03)
+
+
+def test_stalls_are_clipped_not_fitted():
+    clean, stalled = StepCost(), StepCost()
+    feed(clean, 2000, random.Random(1))
+    feed(stalled, 2000, random.Random(1), outliers=0.03)
+    shape = Shape(1, 1, 1)
+    # a least-squares fit would move the base by ~0.03 * 50 ms = 1.5 ms; clipping keeps it within a fraction
+    assert abs(stalled.predict_one(features(shape)) - true_time(shape)) < 0.5e-3
+    assert abs(stalled.predict_one(features(shape)) - clean.predict_one(features(shape))) < 0.5e-3
+
+
+def test_forgets_so_it_follows_a_machine_that_slows_down():
+    model = StepCost()
+    rng = random.Random(2)
+    feed(model, 2000, rng)
+    slower = {i: 1.5 * v for i, v in TRUE.items()}
+    feed(model, int(4 * costs.MEMORY), rng, truth=slower)
+    shape = Shape(2, 2, 1)
+    assert model.predict_one(features(shape)) == pytest.approx(true_time(shape, slower), rel=0.05)
+
+
+def test_the_posterior_narrows_with_data_and_widens_again_where_the_data_stops_varying():
+    model = StepCost()
+    rng = random.Random(3)
+    feed(model, 200, rng)
+    early = model.sd(DRAFTER)
+    feed(model, 2000, rng)
+    assert model.sd(DRAFTER) < early
+    learned = model.sd(DRAFTER)
+    # from now on every step drafts two positions: running the drafter is never seen apart
+    # from the step's intercept, and its width goes back toward the prior's
+    for _ in range(int(6 * costs.MEMORY)):
+        shape = Shape(2, rng.randint(0, 4), 2)
+        model.learn_one(shape, true_time(shape) + rng.gauss(0.0, 0.2e-3))
+    assert model.sd(DRAFTER) > 5 * learned
+
+
+def test_draws_spread_as_the_posterior_says():
+    model = StepCost()
+    feed(model, 3000, random.Random(4))
+    rng = random.Random(5)
+    draws = [model.sample(rng)[VERIFIED] for _ in range(2000)]
+    assert statistics.fmean(draws) == pytest.approx(model.mean[VERIFIED], abs=0.1 * model.sd(VERIFIED) + 1e-9)
+    assert statistics.stdev(draws) == pytest.approx(model.sd(VERIFIED), rel=0.1)
+
+
+def test_the_warm_up_sets_the_unit_and_is_not_fitted():
+    model = StepCost(verify=0.5, draft=0.0)
+    for _ in range(costs.WARMUP):
+        model.learn_one(Shape(1, 0, 0), 0.010)  # plain steps of 10 ms
+    assert model.fitted == 0 and model.scale == 1.0
+    model.learn_one(Shape(1, 0, 0), 0.010)
+    assert model.scale == pytest.approx(0.010)
+    assert model.predict_one(features(Shape(1, 1, 0))) == pytest.approx(0.015)  # the prior, in that unit
+    assert model.fitted == 1 and not model.known
+
+
+def test_given_costs_are_the_prior_and_never_move():
+    model = StepCost(verify=0.5, draft=0.04, draft_token=0.2, learn=False)
+    assert model.known
+    feed(model, 500, random.Random(6))
+    assert model.mean == costs.prior_mean(0.5, 0.04, 0.2)
+    assert model.sample(random.Random(0)) == model.mean
+
+
+def test_shape_table_predicts_seen_shapes_and_the_nearest_unseen_one():
+    table = ShapeTable()
+    for _ in range(50):
+        table.learn_one(Shape(1, 0, 0), 0.010)
+        table.learn_one(Shape(1, 2, 2), 0.020)
+    assert table.predict_one(Shape(1, 0, 0)) == pytest.approx(0.010)
+    assert table.predict_one(Shape(1, 1, 2)) == pytest.approx(0.020)  # nearest seen shape
+    assert table.predict_one(Shape(4, 0, 0), fallback=-1.0) == -1.0
