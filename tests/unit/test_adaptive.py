@@ -343,7 +343,7 @@ def test_the_live_estimate_prices_the_alternatives_by_the_learned_costs():
     rng = random.Random(8)
     observe_phase(p, R, 0.5, 400, rng)
     observe_phase(p, A, 0.9, 400, rng)
-    for _ in range(200):
+    for _ in range(800):
         p.account_step(0.010, {R: 1}, {R: 1})
         tokens = 1 + (rng.random() < 0.9) + (rng.random() < 0.81)
         p.account_step(0.020, {A: 1}, {A: tokens})

@@ -12,8 +12,9 @@ A request-step that verified ``k`` drafts and accepted ``m`` observes positions
   exploration that stops by itself while the evidence is fresh, and costs little where it is
   frequent (near break-even).
 - ``Persistence``, per phase: the lag-1 autocorrelation ``rho`` of consecutive first-draft
-  outcomes (shrunk toward 0 by ``prior_weight`` pseudo-observations): 0 for independent
-  outcomes, near 1 where drafts come in easy and hard stretches.
+  outcomes, 0 unless above two of its standard errors, shrunk toward 0 by ``prior_weight``
+  pseudo-observations: 0 for independent outcomes, near 1 where drafts come in easy and hard
+  stretches.
 - ``RequestRecord``: a request's own outcomes over its last ``REQUEST_MEMORY`` steps, and a
   draw of its own rates (``sample_offsets``: a Beta posterior centred on its phase's, as strong
   as the phase's outcomes are independent), as log-odds shifts of the phase's rates.
@@ -155,10 +156,11 @@ class Persistence:
                 mx, my = self.sx / self.n, self.sy / self.n
                 var = self.sxx / self.n - mx * mx
                 if var > 1e-6:
-                    # less one standard error of a correlation (1/sqrt(n)): chance correlation of
-                    # independent outcomes counts as none
-                    raw = (self.sxy / self.n - mx * my) / var - 1.0 / math.sqrt(self.n)
-                    rho = max(0.0, min(1.0, raw)) * self.n / (self.n + self.shrink)
+                    # none unless above two standard errors of a correlation (2/sqrt(n)): chance
+                    # correlation of independent outcomes counts as none (in 98 % of cases)
+                    raw = (self.sxy / self.n - mx * my) / var
+                    if raw > 2.0 / math.sqrt(self.n):
+                        rho = min(1.0, raw) * self.n / (self.n + self.shrink)
             self._rho = rho
         return rho
 

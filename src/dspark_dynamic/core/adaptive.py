@@ -83,6 +83,7 @@ class _PhaseDraw(NamedTuple):
     drawn_survival: list[float]
     moved: list[float]  # drawn survival less the mean's, per position
     shifts: list[float]  # drawn rates less the mean's, in log-odds
+    rho: float  # the phase's persistence (as of the draw)
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -126,6 +127,8 @@ class AdaptivePolicy:
         self.gated = {p: GateSample(self.n) for p in Phase}
         self.offsets: dict[str, list[float] | None] = {}  # per request: the offsets of its last gate
         self.speed = SpeedEstimate(self.n)
+        self._fixed_tokens: dict[Phase, tuple[list[float], float]] = {}  # per phase: (its rates, E_N at them)
+        self._sampler = random.Random(seed + 1)  # which steps ``account_step`` keeps
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
         self._draws: dict[Phase, _PhaseDraw] = {}  # this step's draw of each phase's rates
@@ -183,7 +186,7 @@ class AdaptivePolicy:
             mean_survival, drawn_survival = survival(mean), survival(drawn)
             draw = self._draws[phase] = _PhaseDraw(
                 mean, drawn, drawn_survival, [d - m for d, m in zip(drawn_survival, mean_survival)],
-                [logit(d) - logit(m) for d, m in zip(drawn, mean)])
+                [logit(d) - logit(m) for d, m in zip(drawn, mean)], self.persistence[phase].predict_one())
         return draw
 
     def _gating(self, phase: Phase) -> bool:
@@ -316,7 +319,7 @@ class AdaptivePolicy:
         if cached is not None and cached[0] is phase:
             return cached[1], cached[2]
         draw = self._draw(phase)
-        rho = self.persistence[phase].predict_one()
+        rho = draw.rho
         record = self.records.get(req) if rho > 0.0 and req is not None else None
         if record is None or record.phase is not phase:
             shifts, own = draw.shifts, False
@@ -329,7 +332,7 @@ class AdaptivePolicy:
 
     def _mean_offsets(self, phase: Phase, req: str) -> list[float] | None:
         """The request's expected shifts (what its drafts' calibration labels are learned with)."""
-        rho = self.persistence[phase].predict_one()
+        rho = self._draw(phase).rho
         record = self.records.get(req)
         if rho <= 0.0 or record is None or record.phase is not phase:
             return None
@@ -393,9 +396,19 @@ class AdaptivePolicy:
         self._last_drafted = drafted
 
     def account_step(self, seconds: float, requests: dict[Phase, int], tokens: dict[Phase, int]) -> None:
-        """A decode step's time, requests and tokens per phase, for ``estimate``."""
-        fixed = {p: expected_tokens(self.rates[p].predict_one(), self.n) for p in requests}
-        self.speed.learn_one(self.cost, seconds, requests, tokens, fixed, self.idle_drafter_runs)
+        """A decode step's time, requests and tokens per phase, for ``estimate`` (a random one
+        step in ``DRAW_EVERY``: a sample of the steps is as good an estimate, at a quarter of the
+        cost, and a random one cannot alias with a periodic pattern)."""
+        if self._sampler.random() * DRAW_EVERY >= 1.0 or not self.cost.known or not self.cost.learn:
+            return
+        fixed = self._fixed_tokens
+        for p in requests:
+            rates = self.rates[p].predict_one()
+            cached = fixed.get(p)
+            if cached is None or cached[0] is not rates:  # the rates' list changes when they do
+                fixed[p] = cached = (rates, expected_tokens(rates, self.n))
+        self.speed.learn_one(self.cost, seconds, requests, tokens, {p: fixed[p][1] for p in requests},
+                             self.idle_drafter_runs)
 
     def estimate(self) -> dict[str, dict[str, float]] | None:
         """The estimated speed-up against plain decoding and the fixed configured depth, per

@@ -41,7 +41,7 @@ MEMORY = 500.0  # steps of memory (tuned: the testbed's machine state moves over
 CLIP = 3.0  # residuals clipped at this many mean absolute residuals (tuned)
 WARMUP = 16  # an engine's first decode steps are not fitted: caches, allocator (tuned)
 PRIOR_SD = 0.5  # prior standard deviation of every coefficient, in plain one-request steps (tuned)
-SOLVE_EVERY = 64  # steps between solves (speed: a solve costs ~150 us)
+SOLVE_EVERY = 128  # steps between solves (speed: a solve costs ~150 us; the posterior moves slowly)
 
 
 class Shape(NamedTuple):
@@ -121,6 +121,7 @@ class StepCost:
         self._w = 1.0  # weight of the next step (grows; renormalised at each solve)
         self.shapes: dict[tuple[float, ...], list[float]] = {}  # x -> [sum w, sum w y, sum w y^2]
         self._features: dict[Shape, tuple[float, ...]] = {}  # ``features`` of the shapes seen
+        self._predicted: dict[tuple[float, ...], float] = {}  # ``predict_one`` of them, until the mean moves
         self.abs_err = 0.0
         self.noise = 0.0  # residual variance (seconds^2)
 
@@ -146,7 +147,9 @@ class StepCost:
                 return
             if len(self._warm) == WARMUP + 1:
                 self._set_scale()
-        pred = self.predict_one(x)
+        pred = self._predicted.get(x)
+        if pred is None:  # the mean changes only at a solve
+            pred = self._predicted[x] = self.predict_one(x)
         err = seconds - pred
         if self.abs_err > 0.0:
             bound = CLIP * self.abs_err
@@ -171,6 +174,7 @@ class StepCost:
         ratios = sorted(t / max(1e-9, sum(r * v for r, v in zip(self.relative, x))) for t, x in self._warm[1:])
         self.scale = ratios[len(ratios) // 2]
         self.mean = [self.scale * c for c in self.relative]
+        self._predicted = {}
         self._warm = []
 
     def solve(self) -> None:
@@ -212,6 +216,7 @@ class StepCost:
             return
         rhs = [xy[i] / self.noise + self.scale * self.relative[i] / prior_var for i in range(n)]
         self.mean = [sum(cov[i][j] * rhs[j] for j in range(n)) for i in range(n)]
+        self._predicted = {}
         low = _cholesky(cov)
         self._low = None if low is None else [row[: i + 1] for i, row in enumerate(low)]
         self.solved += 1

@@ -2,7 +2,8 @@
 the fixed configured depth, per phase and overall (pure logic).
 
 Per decode step, each request's share of the step's time (``seconds / requests``) and the tokens
-it added are kept per phase, with forgetting (``1 - 1/MEMORY`` per step).  Beside them, the same
+it added are kept per phase, with forgetting (``1 - 1/MEMORY`` per step, as a growing weight on
+the new step: only the phases in the step are touched).  Beside them, the same
 steps priced by the learned step cost (``costs.StepCost``):
 - *plain*: the step with no draft verified and the drafter not run, one token per request;
 - *fixed*: the step with every request verifying ``N`` drafts and the drafter drafting ``N``,
@@ -28,8 +29,10 @@ class SpeedEstimate:
 
     def __init__(self, depth: int) -> None:
         self.depth = depth  # the fixed configured depth (num_speculative_tokens)
-        self.keep = 1.0 - 1.0 / MEMORY
-        # phase -> [seconds, tokens, plain seconds, plain tokens, fixed seconds, fixed tokens]
+        self.grow = 1.0 / (1.0 - 1.0 / MEMORY)
+        self._w = 1.0  # the current step's weight (grows per step; the sums are renormalised)
+        # phase -> [seconds, tokens, plain seconds, plain tokens, fixed seconds, fixed tokens],
+        # each weighted by its step's ``_w``: times ``1 / _w`` they are the forgetting sums
         self.sums = {p: [0.0] * 6 for p in Phase}
         self._prices: dict[int, tuple[float, float]] = {}  # requests -> (plain, fixed) step seconds
         self._solved = -1
@@ -51,16 +54,21 @@ class SpeedEstimate:
             plain = cost.predict_one(features(Shape(r, 0, 0, idle_drafter_runs=idle_drafter_runs)))
             fixed = cost.predict_one(features(Shape(r, r * self.depth, self.depth)))
             prices = self._prices[r] = (plain, fixed)
-        keep = self.keep
-        for phase, acc in self.sums.items():
-            n = requests.get(phase, 0)
-            share = n / r
-            acc[0] = acc[0] * keep + seconds * share
-            acc[1] = acc[1] * keep + tokens.get(phase, 0)
-            acc[2] = acc[2] * keep + prices[0] * share
-            acc[3] = acc[3] * keep + n
-            acc[4] = acc[4] * keep + prices[1] * share
-            acc[5] = acc[5] * keep + n * fixed_tokens.get(phase, 1.0)
+        w = self._w = self._w * self.grow
+        if w > 1e12:  # renormalise (the ratios are unchanged)
+            for acc in self.sums.values():
+                acc[:] = [v / w for v in acc]
+            w = self._w = 1.0
+        per = w / r
+        for phase, n in requests.items():
+            acc = self.sums[phase]
+            share = per * n
+            acc[0] += seconds * share
+            acc[1] += w * tokens.get(phase, 0)
+            acc[2] += prices[0] * share
+            acc[3] += w * n
+            acc[4] += prices[1] * share
+            acc[5] += w * n * fixed_tokens.get(phase, 1.0)
 
     def predict_one(self) -> dict[str, dict[str, float]] | None:
         """``{"reasoning" | "answer" | "all": {"plain": x, "fixed": y}}``: the speed-up of what
