@@ -23,7 +23,10 @@ def scraped(target, phase_draft, tmp_path_factory):
     if prometheus.binary() is None:
         pytest.skip("no 'prometheus' on PATH (apt-get install -y prometheus; scripts/setup_env.sh installs it)")
     tmp = tmp_path_factory.mktemp("dashboard")
-    with TinyServer(target, phase_draft, tmp / "serve.log", extra_args=["--dtype", "float32"], max_num_seqs=8) as server:
+    # the adaptive policy: its live estimate (dspark_dynamic:estimated_speedup) is a panel too
+    controller = {"policy": "adaptive", "reasoning_depth": 1, "answer_depth": 2}
+    with TinyServer(target, phase_draft, tmp / "serve.log", extra_args=["--dtype", "float32"], max_num_seqs=8,
+                    controller=controller) as server:
         with prometheus.Prometheus(server.url.removeprefix("http://"), log_path=tmp / "prometheus.log") as prom:
             prom.wait_scrapes(2)  # the counters' values before the traffic
             start = time.time()
@@ -39,7 +42,7 @@ def test_every_panel_query_returns_series(scraped):
     assert scrapes >= 4, f"prometheus scraped the server only {scrapes} times"
     dashboard = prometheus.load_dashboard()
     queries = prometheus.panel_queries(dashboard, rate_window="1m")
-    assert len(queries) >= len(dashboard["panels"]) >= 8
+    assert len(queries) >= len(dashboard["panels"]) >= 9
     empty = [name for name, expr in queries if not prom.query(expr)]
     assert not empty, f"panels whose query returned no series: {empty}"
     for name, expr in queries:  # and numbers, not only NaN from an idle window

@@ -73,7 +73,8 @@ def test_tp2_controller_runs_once_in_the_engine_core_not_in_the_workers(tp2):
 @pytest.fixture(scope="module")
 def dp2(target, phase_draft, tmp_path_factory):
     log = tmp_path_factory.mktemp("dp2") / "serve.log"
-    server = TinyServer(target, phase_draft, log, extra_args=["--data-parallel-size", "2"], max_num_seqs=8)
+    server = TinyServer(target, phase_draft, log, extra_args=["--data-parallel-size", "2"], max_num_seqs=8,
+                        dtype="float32")  # bf16 on AMX CPUs: see test_soak_checks.py
     try:
         server.start()
     except RuntimeError as exc:

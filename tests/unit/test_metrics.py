@@ -261,3 +261,15 @@ def test_tracked_requests_are_published_when_they_cross_zero_and_periodically(tm
     assert write_at(100.0 + 1.5 * metrics.WRITE_INTERVAL_S, 7) == 6  # throttled
     assert write_at(100.0 + 1.6 * metrics.WRITE_INTERVAL_S, 0) == 0  # nothing tracked: at once, unforced too
     writer.remove()
+
+
+def test_the_live_estimate_is_a_gauge_per_phase_and_alternative(tmp_path, monkeypatch):
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path))
+    estimate = {"reasoning": {"plain": 0.98, "fixed": 1.21}, "all": {"plain": 1.04, "fixed": 1.10}}
+    metrics.SnapshotWriter().write(lambda: {"answer": {"steps": 1}}, force=True, estimate=lambda: estimate)
+    families = {f.name: f for f in metrics.PhaseCollector(str(tmp_path)).collect()}
+    samples = {(s.labels["phase"], s.labels["vs"]): s.value for s in families["dspark_dynamic:estimated_speedup"].samples}
+    assert samples == {("reasoning", "plain"): 0.98, ("reasoning", "fixed"): 1.21, ("all", "plain"): 1.04,
+                       ("all", "fixed"): 1.10}
+    metrics.SnapshotWriter().write(lambda: {"answer": {"steps": 1}}, force=True, estimate=lambda: None)
+    assert "dspark_dynamic:estimated_speedup" not in {f.name for f in metrics.PhaseCollector(str(tmp_path)).collect()}

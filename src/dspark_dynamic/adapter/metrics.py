@@ -28,6 +28,9 @@ data-parallel rank, as on vLLM's own series):
 - ``dspark_dynamic:tracked_requests``            requests the controller holds state for (gauge)
 - ``dspark_dynamic:controller_errors_total``     faults in the plugin that detached the controller
   (label ``engine`` only; see ``adapter/fail_open.py``)
+- ``dspark_dynamic:estimated_speedup``           the live estimate (gauge; labels ``phase`` =
+  reasoning|answer|all, ``vs`` = plain|fixed; the adaptive policy, once its costs are learned;
+  see ``core/estimate.py``)
 
 Limitation: an engine core whose snapshot directory the API server cannot read (a data-parallel
 engine on another node, started with ``--headless``) is missing from ``/metrics``; the API server
@@ -143,7 +146,7 @@ class SnapshotWriter:
         os.replace(tmp, self.path)
 
     def write(self, snapshot: Callable[[], dict[str, Any]], force: bool = False, tracked: int = 0,
-              errors: int = 0) -> None:
+              errors: int = 0, estimate: Callable[[], Any] | None = None) -> None:
         """Write ``snapshot()``, the number of requests the controller tracks (``tracked``) and
         the faults that detached it (``errors``) if ``WRITE_INTERVAL_S`` has passed since the
         last periodic write, if ``tracked`` crossed between 0 and more since the last write, or
@@ -161,7 +164,7 @@ class SnapshotWriter:
             self._last = now
         self._busy = tracked > 0
         data = {"pid": os.getpid(), "engine": self.engine, "phases": snapshot(), "tracked": tracked,
-                "controller_errors": errors}
+                "controller_errors": errors, "estimate": estimate() if estimate is not None else None}
         self._dump(data)
         if self.publisher is not None:
             self.publisher.publish(data)
@@ -259,6 +262,17 @@ class PhaseCollector:
         yield tracked
         yield errors
         yield from self.confidence_families(snapshots)
+        estimate = GaugeMetricFamily(
+            f"{PREFIX}estimated_speedup",
+            "dspark_dynamic: estimated speed-up of what ran over plain decoding (vs=plain) and over the fixed "
+            "configured depth (vs=fixed), by reasoning phase (all: overall); from the learned step costs and "
+            "acceptance (adaptive policy, once its costs are learned)", labels=["phase", "vs", "engine"])
+        for snap in snapshots:
+            for phase, ratios in (snap.get("estimate") or {}).items():
+                for vs, value in ratios.items():
+                    estimate.add_metric([phase, vs, snapshot_engine(snap)], float(value))
+        if estimate.samples:
+            yield estimate
 
     CONFIDENCE = (  # (series, snapshot key, Counter | Gauge, documentation)
         ("confidence_labels", "conf_labels", True, "draft-confidence labels (verified drafts up to the first rejected)"),

@@ -79,9 +79,10 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
             from dspark_dynamic.adapter.patches.scheduler import latest_controller
 
             hook = latest_controller()
+            estimate = getattr(hook.controller.policy, "estimate", None) if hook else None
             conn.send({"vllm": spec_counters(llm), "phases": hook.controller.stats.snapshot() if hook else None,
                        "live_states": len(hook.controller.states) if hook else None,
-                       "confidence": confidence_reports(hook)})
+                       "confidence": confidence_reports(hook), "estimate": estimate() if estimate else None})
             continue
         count = _run_closed_loop(engine, cmd, count, SamplingParams, TokensPrompt, conn)
     conn.close()
@@ -92,8 +93,9 @@ def _run_closed_loop(engine: Any, cmd: dict[str, Any], count: int, sampling_para
     """Run ``cmd["requests"]`` requests with at most ``cmd["concurrency"]`` in flight and send one
     ``RequestTiming`` back; returns the updated request counter.
 
-    The first requests start ``stagger`` engine steps apart (so a step mixes requests in different
-    phases), and each finished request is replaced at once while any are left (a closed loop).
+    The first ``concurrency`` requests start ``stagger`` engine steps apart (so a step mixes
+    requests in different phases), and each finished request is replaced at once while any are
+    left (a closed loop: a setting whose requests finish sooner is not held below ``concurrency``).
     Each step's wall time is shared equally among the requests in flight and attributed to the
     phase each was in when the step ran (the step that produces the end marker is reasoning
     time); tokens split at the marker, so per-phase token counts are exact.
@@ -144,15 +146,23 @@ def _run_closed_loop(engine: Any, cmd: dict[str, Any], count: int, sampling_para
             outputs[out.request_id] = tokens
             if out.finished:
                 del live[out.request_id]
-        while started < total and (not live or (len(live) < concurrency and steps_since_start >= stagger)):
-            start()
-            if stagger:
+        while started < total and len(live) < concurrency:
+            if started < concurrency and live and steps_since_start < stagger:
+                break  # the first requests start ``stagger`` steps apart
+            start()  # later ones replace a finished request at once
+            if started <= concurrency and stagger:
                 break
     timing.outputs = list(outputs.values())
     timing.output = timing.outputs[-1] if timing.outputs else []
     conn.send({"timing": timing.__dict__})
     return count
 
+
+# An engine's KV cache in a pool: the testbed's models need a few MB for 8 requests of 512 tokens,
+# and a dozen engines with VLLM_CPU_KVCACHE_SPACE's whole GiB each fill the machine's memory (the
+# page cache goes, and the engines' step times with it).  vLLM's CPU platform lets a set
+# VLLM_CPU_KVCACHE_SPACE override kv_cache_memory_bytes, so it is unset for these engines.
+SMALL_KV_CACHE = {"engine": {"kv_cache_memory_bytes": 256 << 20}, "env": {"VLLM_CPU_KVCACHE_SPACE": None}}
 
 # On the 2-core CPU machines here the first engines a process starts run slower than the later
 # ones, whatever they run: four identical plain engines measured 0.91, 0.95, 1.00 and 1.00 of the
@@ -174,7 +184,7 @@ class EnginePool:
         if ballast:
             from dspark_dynamic.testing.tiny_models import Script, build_target
 
-            tiny = {"model": str(build_target(Script()))}
+            tiny = {"model": str(build_target(Script())), **SMALL_KV_CACHE}
             specs = {**{f"(ballast {i})": tiny for i in range(ballast)}, **specs}
         try:
             for name, spec in specs.items():  # one at a time: two cores, and start-up is CPU-bound

@@ -41,7 +41,7 @@ from typing import Any
 from dspark_dynamic.core.options import PEER_POLICIES
 from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
 from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
-from dspark_dynamic.testing.engine_pool import BALLAST, EnginePool
+from dspark_dynamic.testing.engine_pool import BALLAST, SMALL_KV_CACHE, EnginePool
 from dspark_dynamic.testing.progress import ratios_so_far, track
 from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, MoEShape, build_moe_target, build_testbed_draft, prompt_ids
 
@@ -111,7 +111,7 @@ def engine_specs(names: tuple[str, ...], trace_dir: Path, shape: MoEShape = MoES
     specs: dict[str, dict[str, Any]] = {}
     for full_name in names:
         name = base_setting(full_name)  # another engine of the same setting (A/A check)
-        spec: dict[str, Any] = {"model": target}
+        spec: dict[str, Any] = {"model": target, **SMALL_KV_CACHE}
         if name.startswith("fixed k="):
             k = int(name.split("=")[1])
             if k:
@@ -246,6 +246,8 @@ def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12
                     result.checks[f"{name}: phases"] = phases
                     if c.get("confidence"):
                         result.checks[f"{name}: confidence"] = c["confidence"]
+                    if c.get("estimate"):  # the live estimate at the end of the run
+                        result.checks[f"{name}: estimate"] = c["estimate"]
         for name in settings:
             if controlled(name):
                 path = trace_file(trace_dir, name)
@@ -290,6 +292,14 @@ def format_report(result: WallclockResult, cost: CostModel | None = None) -> str
                     f"{rep['predicted'] / max(rep['labels'], 1):.3f}/{rep['observed'] / max(rep['labels'], 1):.3f}, "
                     f"AUC {'n/a' if auc is None else f'{auc:.3f}'}, ECE {'n/a' if ece is None else f'{ece:.3f}'}, "
                     f"labels {rep['labels']}")
-    lines.append("checks: " + json.dumps({k: v for k, v in result.checks.items()
-                                          if not k.endswith("phases") and not k.endswith("confidence")}))
+        elif key.endswith(": estimate"):
+            name = key.removesuffix(": estimate")
+            for phase, ratios in value.items():
+                measured = {vs: result.claim(name, other)[1] for vs, other in (("plain", "fixed k=0"), ("fixed", "fixed k=2"))}
+                said = ", ".join(f"{r:.3f}x {vs}" + (f" (measured over all: {measured[vs].median:.3f})"
+                                                    if phase == "all" and measured[vs] is not None else "")
+                                 for vs, r in ratios.items())
+                lines.append(f"  {name}: live estimate [{phase}]: {said}")
+    lines.append("checks: " + json.dumps({k: v for k, v in result.checks.items() if not k.endswith("phases")
+                                          and not k.endswith("confidence") and not k.endswith("estimate")}))
     return "\n".join(lines)

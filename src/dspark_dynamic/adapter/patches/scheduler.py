@@ -68,11 +68,18 @@ class SchedulerHook:
         extra = {p: describe(p) for p in self.controller.stats.totals} if describe else None
         for line in self.controller.stats.interval_lines(extra):
             logger.info(line)
+        estimate = getattr(self.controller.policy, "estimate", None)
+        overall = (estimate() or {}).get("all") if estimate is not None else None
+        if overall:
+            logger.info("dspark_dynamic: estimated speed-up overall %.2fx plain decoding, %.2fx the fixed depth "
+                        "%d (learned step costs and acceptance)", overall["plain"], overall["fixed"],
+                        self.options.num_speculative_tokens)
 
     def publish(self, force: bool = False) -> None:
         """Hand the counters to ``/metrics`` (throttled unless ``force``)."""
         controller = self.controller
-        self.metrics.write(self.snapshot, force=force, tracked=len(controller.states), errors=GUARD.errors)
+        self.metrics.write(self.snapshot, force=force, tracked=len(controller.states), errors=GUARD.errors,
+                           estimate=getattr(controller.policy, "estimate", None))
 
     def snapshot(self) -> dict:
         """Per phase: the counters, and the draft-confidence calibration where the policy has one."""
