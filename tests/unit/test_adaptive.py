@@ -353,3 +353,29 @@ def test_the_live_estimate_prices_the_alternatives_by_the_learned_costs():
     assert est["answer"]["plain"] == pytest.approx((2.71 / 20) / (1 / 10), rel=0.08)
     assert est["answer"]["fixed"] == pytest.approx(1.0, rel=0.08)
     assert est["reasoning"]["plain"] < est["all"]["plain"] < est["answer"]["plain"]
+
+
+def test_the_live_estimates_fixed_depth_reads_every_draft_the_gate_saw_not_only_those_verified():
+    """Half the reasoning drafts are sure (survival ~1), half hopeless (~0.02): the gate verifies
+    only the sure ones, so the rates learned from verified drafts read ~1, but a fixed depth of 2
+    would verify all of them for ~2.0 tokens a step, not ~3.0."""
+    p = policy()
+    learn_machine(p, lambda shape: 10.0 + 5.0 * shape.verified, steps=600, noise=0.0)
+    p.min_labels = 0
+    for cal in p.calibrators.values():
+        cal.theta = [1.0, 0.0, 0.0]
+    verified = {True: 0, False: 0}
+    for i in range(800):
+        p.begin_step()
+        sure = i % 2 == 0
+        features = [6.0, 6.0] if sure else [-4.0, -4.0]
+        (k,) = p.gate([(R, "a", features, 2)])
+        verified[sure] += k
+        if k:
+            p.observe(R, k, k if sure else 0, "a")
+        p.account_step(0.010, {R: 1}, {R: 1})
+    assert verified[False] < verified[True] / 10  # the gate passed over the hopeless drafts
+    assert p.rates[R].predict_one()[0] > 0.8  # what the verified drafts say
+    est = p.estimate()
+    # plain: 1 token per 10 ms; fixed k=2: ~2.0 tokens per 20 ms (with the rates: ~3.0, est 0.67)
+    assert est["reasoning"]["fixed"] == pytest.approx(1.0, rel=0.05)

@@ -291,6 +291,13 @@ class GateSample:
         above = n - i
         return (sums[i] - price * above) / n, above / n
 
+    def mean(self, position: int) -> float | None:
+        """The mean survival of the recent drafts that reached ``position`` (None with fewer than
+        two): unconditional, since every draft the gate saw enters, verified or not."""
+        if len(self.sorted[position]) < 2:
+            return None
+        return self.gated(position, 0.0)[0]
+
     def survivals(self, shifts: list[float], positions: int) -> list[list[float]]:
         """Per position, the survivals of the recent drafts that reached it, with ``shifts``
         added to their log-odds."""

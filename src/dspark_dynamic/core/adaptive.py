@@ -401,14 +401,26 @@ class AdaptivePolicy:
         cost, and a random one cannot alias with a periodic pattern)."""
         if self._sampler.random() * DRAW_EVERY >= 1.0 or not self.cost.known or not self.cost.learn:
             return
-        fixed = self._fixed_tokens
-        for p in requests:
-            rates = self.rates[p].predict_one()
-            cached = fixed.get(p)
-            if cached is None or cached[0] is not rates:  # the rates' list changes when they do
-                fixed[p] = cached = (rates, expected_tokens(rates, self.n))
-        self.speed.learn_one(self.cost, seconds, requests, tokens, {p: fixed[p][1] for p in requests},
+        self.speed.learn_one(self.cost, seconds, requests, tokens, {p: self._fixed_yield(p) for p in requests},
                              self.idle_drafter_runs)
+
+    def _fixed_yield(self, phase: Phase) -> float:
+        """Tokens per request-step at the fixed depth: with confidences, the mean survivals of
+        the drafts the gate saw (all of them, not only those verified: the rates learn from the
+        verified ones, which the gate picked), beyond them the rates; without, the rates."""
+        rates = self.rates[phase].predict_one()
+        if not self._gating(phase):
+            cached = self._fixed_tokens.get(phase)
+            if cached is None or cached[0] is not rates:  # the rates' list changes when they do
+                self._fixed_tokens[phase] = cached = (rates, expected_tokens(rates, self.n))
+            return cached[1]
+        sample = self.gated[phase]
+        total, s = 1.0, 1.0
+        for j in range(self.n):
+            mean = sample.mean(j)
+            s = mean if mean is not None else s * rates[j]
+            total += s
+        return total
 
     def estimate(self) -> dict[str, dict[str, float]] | None:
         """The estimated speed-up against plain decoding and the fixed configured depth, per
