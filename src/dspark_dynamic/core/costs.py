@@ -19,7 +19,8 @@ request, positions drafted in all, drafter resumed)``: ``time = theta . x`` seco
 
 Invariants: the posterior covariance stays symmetric positive definite (prior precision plus a
 weighted Gram matrix); the data's statistics are kept per step shape (one dict update per step,
-O(1) on the scheduler's critical path) and solved every ``SOLVE_EVERY`` steps; without
+O(1) on the scheduler's critical path) and solved every ``SOLVE_EVERY`` steps (more often while
+fresh, and when a drafting depth is first seen: see there); without
 ``learn`` the costs are the prior's, in units of a plain one-request decode step.
 
 ``ShapeTable`` is the alternative the peers use (a mean time per shape, nothing shared between
@@ -42,6 +43,9 @@ CLIP = 3.0  # residuals clipped at this many mean absolute residuals (tuned)
 WARMUP = 16  # an engine's first decode steps are not fitted: caches, allocator (tuned)
 PRIOR_SD = 0.5  # prior standard deviation of every coefficient, in plain one-request steps (tuned)
 SOLVE_EVERY = 128  # steps between solves (speed: a solve costs ~150 us; the posterior moves slowly)
+# Besides: a solve after the 16th, 32nd and 64th fitted step (a fresh engine's posterior moves
+# fast), and after the first step that drafts a depth no step before it did (what exploring
+# that depth showed counts at once, not up to ``SOLVE_EVERY`` steps later)
 
 
 class Shape(NamedTuple):
@@ -124,6 +128,7 @@ class StepCost:
         self._predicted: dict[tuple[float, ...], float] = {}  # ``predict_one`` of them, until the mean moves
         self.abs_err = 0.0
         self.noise = 0.0  # residual variance (seconds^2)
+        self._depths_seen: set[int] = set()  # drafting depths of the fitted steps
 
     @property
     def known(self) -> bool:
@@ -165,7 +170,12 @@ class StepCost:
             acc[1] += w * y
             acc[2] += w * y * y
         self.fitted += 1
-        if self.fitted % SOLVE_EVERY == 0:
+        fitted = self.fitted
+        new_depth = shape.drafted not in self._depths_seen
+        if new_depth:
+            self._depths_seen.add(shape.drafted)
+        if (fitted % SOLVE_EVERY == 0 or (16 <= fitted < SOLVE_EVERY and fitted & (fitted - 1) == 0)
+                or (new_depth and self.solved)):
             self.solve()
 
     def _set_scale(self) -> None:
