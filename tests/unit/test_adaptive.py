@@ -6,7 +6,8 @@ import random
 import pytest
 
 from dspark_dynamic.core import acceptance, costs
-from dspark_dynamic.core.adaptive import AdaptivePolicy, expected_tokens
+from dspark_dynamic.core.acceptance import expected_tokens
+from dspark_dynamic.core.adaptive import AdaptivePolicy
 from dspark_dynamic.core.costs import Shape
 from dspark_dynamic.core.phase import Phase
 from dspark_dynamic.core.simulate import (

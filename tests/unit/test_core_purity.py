@@ -40,3 +40,9 @@ def test_importing_all_of_core_loads_no_vllm_or_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_core_modules_stay_small():
+    """Small modules a reader can hold at once: none of ``core/`` over 400 lines."""
+    long = {p.name: n for p in CORE.glob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long

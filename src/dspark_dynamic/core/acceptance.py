@@ -243,6 +243,11 @@ def survival(rates: list[float]) -> list[float]:
     return out
 
 
+def expected_tokens(rates: list[float], k: int) -> float:
+    """``1 + sum_{j<=k} prod_{i<=j} a_i``: the tokens a step verifying ``k`` drafts yields."""
+    return 1.0 + sum(survival(rates[:k]))
+
+
 class GateSample:
     """A phase's last ``RESERVOIR`` gated drafts (see the module docstring): each draft's
     calibrated log-odds per position (offset-free), and per position their survivals, sorted,

@@ -9,7 +9,8 @@ The learning room, as three pieces and this glue:
   with draft confidences, the phase's calibrator (``confidence.ConfidenceCalibrator``) and the
   survivals its gate saw;
 - ``decide``: ``admit`` (which drafts this step verifies) and ``drafting_depth`` (how deep the
-  batch drafts for the next step), both maximising expected tokens per expected second.
+  batch drafts next), both maximising expected tokens per expected second;
+- ``estimate``: the live estimate against plain decoding and the fixed depth.
 
 Every step draws one cost vector from the cost posterior, and each phase one set of rates from
 its acceptance posterior (Thompson sampling): a depth is tried as often as the posteriors say it
@@ -27,10 +28,9 @@ persist (``acceptance.RequestRecord``).  The drafting decision prices a position
 gain: the phase's recent survivals at that position (``GateSample``) with confidences, the
 drawn survival without.
 
-Tuned constants of the learning room (8; each says how it was set where it is defined):
-``costs.MEMORY``, ``costs.CLIP``, ``costs.WARMUP``, ``costs.PRIOR_SD``,
-``acceptance.REQUEST_MEMORY``, ``acceptance.RESERVOIR``, ``MIN_LABELS`` (here) and the
-calibrator's memory (``confidence.CALIBRATOR_MEMORY``).
+Tuned constants (8, each documented where defined): ``costs.MEMORY``, ``CLIP``, ``WARMUP``,
+``PRIOR_SD``, ``acceptance.REQUEST_MEMORY``, ``RESERVOIR``, ``MIN_LABELS`` (here) and
+``confidence.CALIBRATOR_MEMORY``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from dspark_dynamic.core.acceptance import (
     Persistence,
     PositionRates,
     RequestRecord,
-    gated,
     logit,
     shifted,
     sigmoid,
@@ -62,13 +61,12 @@ from dspark_dynamic.core.costs import (
     Shape,
     StepCost,
 )
-from dspark_dynamic.core.decide import admit, drafting_depth
-from dspark_dynamic.core.estimate import SpeedEstimate
+from dspark_dynamic.core.decide import admit, drafting_depth, gated_gains
+from dspark_dynamic.core.estimate import SpeedEstimate, fixed_yield
 from dspark_dynamic.core.phase import Phase
 
-# A phase's calibrator with fewer labels than this is its prior's guess: until then the phase
-# verifies and drafts its default (tuned: the testbed's first answer met a fresh calibrator,
-# verified nothing, got no labels and stopped drafting)
+# Labels before a phase's calibrator leaves its prior's guess (until then the phase verifies and
+# drafts its default; tuned: on the testbed a fresh calibrator verified nothing and never learned)
 MIN_LABELS = 16
 # Steps a draw of the costs and of a phase's rates holds (speed, not behaviour: a draw costs
 # ~10 us, and Thompson sampling per episode of a few steps explores as much per step)
@@ -84,11 +82,6 @@ class _PhaseDraw(NamedTuple):
     moved: list[float]  # drawn survival less the mean's, per position
     shifts: list[float]  # drawn rates less the mean's, in log-odds
     rho: float  # the phase's persistence (as of the draw)
-
-
-def expected_tokens(rates: list[float], k: int) -> float:
-    """``1 + sum_{j<=k} prod_{i<=j} a_i``: the tokens a step verifying ``k`` drafts yields."""
-    return 1.0 + sum(survival(rates[:k]))
 
 
 class AdaptivePolicy:
@@ -127,7 +120,6 @@ class AdaptivePolicy:
         self.gated = {p: GateSample(self.n) for p in Phase}
         self.offsets: dict[str, list[float] | None] = {}  # per request: the offsets of its last gate
         self.speed = SpeedEstimate(self.n)
-        self._fixed_tokens: dict[Phase, tuple[list[float], float]] = {}  # per phase: (its rates, E_N at them)
         self._sampler = random.Random(seed + 1)  # which steps ``account_step`` keeps
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
@@ -290,26 +282,7 @@ class AdaptivePolicy:
             recent = self.gated[phase].survivals(shifts, n) if gating else None
             per_row.append([1, drawn, None, None, recent])  # the request's shifts on each gated draft
 
-        def gains_at(price: float) -> tuple[list[float], list[float], float]:
-            gains, counts = [0.0] * n, [0.0] * n
-            none_first = 1.0
-            for times, drawn, moved, sample, recent in per_row:
-                ordered = sample.sorted if sample is not None else None
-                for j in range(n):
-                    if ordered is not None and len(ordered[j]) >= 2:
-                        g, c = sample.gated(j, price - moved[j])
-                    elif recent is not None and len(recent[j]) >= 2:
-                        g, c = gated(recent[j], price)
-                    else:  # no gated drafts there yet: the drawn survival, as if sure or hopeless
-                        v = drawn[j]
-                        g, c = (v - price, 1.0) if v > price else (0.0, 0.0)
-                    gains[j] += times * g
-                    counts[j] += times * c
-                    if j == 0:
-                        none_first *= (1.0 - c) ** times
-            return gains, counts, 1.0 - none_first
-
-        return gains_at
+        return lambda price: gated_gains(per_row, n, price)
 
     def _shifts(self, phase: Phase, req: str | None) -> tuple[list[float], bool]:
         """This step's draw of the request's acceptance, as log-odds shifts from its phase's mean
@@ -401,26 +374,9 @@ class AdaptivePolicy:
         cost, and a random one cannot alias with a periodic pattern)."""
         if self._sampler.random() * DRAW_EVERY >= 1.0 or not self.cost.known or not self.cost.learn:
             return
-        self.speed.learn_one(self.cost, seconds, requests, tokens, {p: self._fixed_yield(p) for p in requests},
-                             self.idle_drafter_runs)
-
-    def _fixed_yield(self, phase: Phase) -> float:
-        """Tokens per request-step at the fixed depth: with confidences, the mean survivals of
-        the drafts the gate saw (all of them, not only those verified: the rates learn from the
-        verified ones, which the gate picked), beyond them the rates; without, the rates."""
-        rates = self.rates[phase].predict_one()
-        if not self._gating(phase):
-            cached = self._fixed_tokens.get(phase)
-            if cached is None or cached[0] is not rates:  # the rates' list changes when they do
-                self._fixed_tokens[phase] = cached = (rates, expected_tokens(rates, self.n))
-            return cached[1]
-        sample = self.gated[phase]
-        total, s = 1.0, 1.0
-        for j in range(self.n):
-            mean = sample.mean(j)
-            s = mean if mean is not None else s * rates[j]
-            total += s
-        return total
+        yields = {p: fixed_yield(self.rates[p].predict_one(), self.n, self.gated[p] if self._gating(p) else None)
+                  for p in requests}  # what one request-step at the fixed depth yields, per phase
+        self.speed.learn_one(self.cost, seconds, requests, tokens, yields, self.idle_drafter_runs)
 
     def estimate(self) -> dict[str, dict[str, float]] | None:
         """The estimated speed-up against plain decoding and the fixed configured depth, per

@@ -22,6 +22,9 @@ any batch size; with ``verify <= 0`` and no first-verified term every draft is a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
+
+from dspark_dynamic.core.acceptance import gated
 
 # (price) -> (summed gated gains per position, expected verified drafts per position,
 #             share of steps that verify any draft)
@@ -91,3 +94,27 @@ def drafting_depth(requests: int, base: float, verify: float, first: float, draf
         if best_net is None or net >= best_net:  # ties to the deeper: the gate may still use it
             best, best_net = d, net
     return best
+
+
+def gated_gains(rows: Sequence[Sequence[Any]], positions: int, price: float) -> tuple[list[float], list[float], float]:
+    """``GainsAt`` of a batch at ``price``: each row is (requests it stands for, drawn survivals,
+    the draw's moves of them or None, a ``GateSample`` or None, per position the request's own
+    gated survivals or None); a position is priced by the phase's gated drafts (moved by the
+    draw), else the request's own, else its drawn survival as if sure or hopeless."""
+    gains, counts = [0.0] * positions, [0.0] * positions
+    none_first = 1.0
+    for times, drawn, moved, sample, recent in rows:
+        ordered = sample.sorted if sample is not None else None
+        for j in range(positions):
+            if ordered is not None and len(ordered[j]) >= 2:
+                g, c = sample.gated(j, price - moved[j])
+            elif recent is not None and len(recent[j]) >= 2:
+                g, c = gated(recent[j], price)
+            else:
+                v = drawn[j]
+                g, c = (v - price, 1.0) if v > price else (0.0, 0.0)
+            gains[j] += times * g
+            counts[j] += times * c
+            if j == 0:
+                none_first *= (1.0 - c) ** times
+    return gains, counts, 1.0 - none_first

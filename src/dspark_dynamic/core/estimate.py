@@ -18,10 +18,24 @@ the fixed depth's acceptance beyond the depths the policy verifies is the rates'
 
 from __future__ import annotations
 
+from dspark_dynamic.core.acceptance import GateSample
 from dspark_dynamic.core.costs import MEMORY, Shape, StepCost, features
 from dspark_dynamic.core.phase import Phase
 
 ALTERNATIVES = ("plain", "fixed")
+
+
+def fixed_yield(rates: list[float], depth: int, gated: GateSample | None = None) -> float:
+    """Tokens per request-step at a fixed ``depth``: ``1 + sum_j s_j``, with ``s_j`` the mean
+    survival at position ``j`` of the drafts the gate saw (``gated``: all of them, verified or
+    not, where the rates learn only from the verified ones, which the gate picked), beyond them
+    (or without a gate) the running product of the ``rates``."""
+    total, s = 1.0, 1.0
+    for j in range(depth):
+        mean = gated.mean(j) if gated is not None else None
+        s = mean if mean is not None else s * rates[j]
+        total += s
+    return total
 
 
 class SpeedEstimate:
