@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
+
+from dspark_dynamic.core.paired import paired_ratio
 
 PLAIN = "fixed k=0"
 
@@ -29,16 +30,12 @@ def tok_per_s(round_: dict, name: str) -> float | None:
 
 
 def paired(rounds: list[dict], num: str, den: str) -> tuple[float, float, float] | None:
-    """(median, q1, q3) of the per-round ratios ``num / den``."""
-    ratios = []
-    for r in rounds:
-        a, b = tok_per_s(r, num), tok_per_s(r, den)
-        if a and b:
-            ratios.append(a / b)
-    if len(ratios) < 2:
+    """(median, q1, q3) of the per-round ratios ``num / den`` (``core.paired``, as the benchmark)."""
+    pairs = [(a, b) for a, b in ((tok_per_s(r, num), tok_per_s(r, den)) for r in rounds) if a and b]
+    if len(pairs) < 2:
         return None
-    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 4 else [min(ratios), 0, max(ratios)]
-    return statistics.median(ratios), q[0], q[2]
+    s = paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+    return s.median, s.q1, s.q3
 
 
 def label(run: dict) -> str:
