@@ -43,9 +43,9 @@ CLIP = 3.0  # residuals clipped at this many mean absolute residuals (tuned)
 WARMUP = 16  # an engine's first decode steps are not fitted: caches, allocator (tuned)
 PRIOR_SD = 0.5  # prior standard deviation of every coefficient, in plain one-request steps (tuned)
 SOLVE_EVERY = 128  # steps between solves (speed: a solve costs ~150 us; the posterior moves slowly)
-# Besides: a solve after the 16th, 32nd and 64th fitted step (a fresh engine's posterior moves
-# fast), and after the first step that drafts a depth no step before it did (what exploring
-# that depth showed counts at once, not up to ``SOLVE_EVERY`` steps later)
+# Besides: a solve at each power of two from WARMUP up to SOLVE_EVERY fitted steps (16, 32, 64:
+# a fresh engine's posterior moves fast), and after the first step that drafts a depth no step
+# before it did (what exploring that depth showed counts at once, not SOLVE_EVERY steps later)
 
 
 class Shape(NamedTuple):
@@ -174,7 +174,7 @@ class StepCost:
         new_depth = shape.drafted not in self._depths_seen
         if new_depth:
             self._depths_seen.add(shape.drafted)
-        if (fitted % SOLVE_EVERY == 0 or (16 <= fitted < SOLVE_EVERY and fitted & (fitted - 1) == 0)
+        if (fitted % SOLVE_EVERY == 0 or (WARMUP <= fitted < SOLVE_EVERY and fitted & (fitted - 1) == 0)
                 or (new_depth and self.solved)):
             self.solve()
 
