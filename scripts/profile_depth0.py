@@ -160,7 +160,7 @@ def main() -> int:
         for key in set(ref) | set(other):
             a, b = ref.get(key, (0.0, 0.0)), other.get(key, (0.0, 0.0))
             diffs.append((b[0] - a[0], b[1] - a[1], key))
-        print(f"functions by own-time difference per step (ms): own, cumulative")
+        print("functions by own-time difference per step (ms): own, cumulative")
         for d_own, d_cum, key in sorted(diffs, key=lambda t: -abs(t[0]))[: args.top]:
             where = f"{Path(key[0]).parent.name}/{Path(key[0]).name}:{key[1]} {key[2]}"
             print(f"  {1e3 * d_own:+8.3f} {1e3 * d_cum:+8.3f}  {where}")

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 
-from dspark_dynamic.core.simulate import (
+from dspark_dynamic.core.simulate import CostModel, compare
+from dspark_dynamic.core.workloads import (
     ConfidenceModel,
-    CostModel,
-    draft_features,
     bimodal_trace,
-    compare,
+    draft_features,
     drift_trace,
     drifting_trace,
     load_trace,

@@ -11,19 +11,15 @@ from dspark_dynamic.core.adaptive import AdaptivePolicy
 from dspark_dynamic.core.costs import Shape
 from dspark_dynamic.core.phase import Phase
 from dspark_dynamic.core.simulate import (
-    ConfidenceModel,
     CostModel,
-    bimodal_trace,
     compare,
-    draft_features,
-    drift_trace,
     hindsight_depth,
     oracle_depth,
     replay,
     replay_adaptive,
     replay_confident,
-    seed_like_trace,
 )
+from dspark_dynamic.core.workloads import ConfidenceModel, bimodal_trace, draft_features, drift_trace, seed_like_trace
 
 R, A = Phase.REASONING, Phase.ANSWER
 COST = CostModel(t0_ms=75.0, draft_ms=3.0, verify_ms=37.75)  # the seed box's fit

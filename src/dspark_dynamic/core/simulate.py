@@ -26,22 +26,7 @@ from dspark_dynamic.core.acceptance import expected_tokens
 from dspark_dynamic.core.adaptive import AdaptivePolicy
 from dspark_dynamic.core.phase import Phase
 from dspark_dynamic.core.policy import PhasePolicy
-from dspark_dynamic.core.workloads import (  # noqa: F401 (the workloads, re-exported for the callers)
-    MAX_L,
-    Position,
-    Trace,
-    synthetic_trace,
-    seed_like_trace,
-    bimodal_trace,
-    drifting_trace,
-    drift_trace,
-    ConfidenceModel,
-    Features,
-    draft_features,
-    trace_from_controller_rows,
-    load_trace,
-)
-
+from dspark_dynamic.core.workloads import Features, Position, Trace
 
 
 @dataclass(frozen=True)
