@@ -95,3 +95,34 @@ def test_dflash_under_the_phase_controller(engine, target, drafter, tmp_path_fac
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     # the drafter drafts only what will be verified: one mask while reasoning, two in the answer
     assert {r["draft_depth"] for r in rows if "step_s" in r and r["decode_only"]} == {1, 2}
+
+
+def context_spec(target, drafter, skip):
+    """Reasoning at depth 0 (the drafter asked for nothing), the answer at depth 2."""
+    return {
+        "model": target,
+        "speculative_config": speculative_config(drafter, 2),
+        "additional_config": {"dspark_dynamic": {"reasoning_depth": 0, "answer_depth": 2, "skip_idle_drafter": skip}},
+        "record_drafts": True,
+        "batches": [[{"prompt_ids": THINKING_PROMPT, "max_tokens": 300}]],
+    }
+
+
+def test_an_idle_dflash_drafter_writes_its_context_without_its_forward(engine, target, drafter):
+    """At depth 0 the drafter writes exactly the context vLLM's own path writes (positions,
+    slots and states, call by call) and runs no forward; it drafts the same when asked."""
+    context_only = engine("dflash_context_only", context_spec(target, drafter, True))
+    every_step = engine("dflash_every_step", context_spec(target, drafter, False))
+    assert context_only["batches"][0]["outputs"] == every_step["batches"][0]["outputs"] == [FULL]
+    assert "writes only its context on steps that draft nothing" in context_only["log"]
+    assert "writes only its context" not in every_step["log"]
+    on, off = context_only["drafts"], every_step["drafts"]
+    # every step writes its context, reasoning's too (the same positions and slots; this
+    # drafter's context states are zero by design, so their sums agree trivially)
+    assert len(on["dflash_contexts"]) > 100
+    assert on["dflash_contexts"] == off["dflash_contexts"]
+    assert on["proposals"] == off["proposals"] and len(on["proposals"]) > 15  # the answer drafts
+    # vLLM's path runs one forward per step; here only the drafting steps run one
+    idle_steps = len(off["dflash_contexts"]) - len(off["proposals"])
+    assert off["dflash_forwards"] == len(off["dflash_contexts"]) and idle_steps > 80
+    assert on["dflash_forwards"] == len(on["proposals"])

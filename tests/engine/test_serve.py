@@ -31,7 +31,8 @@ def server(target, tmp_path_factory):
             "num_speculative_tokens": 2, "reasoning_depth": 1, "answer_depth": 2}
     vllm_bin = Path(sys.executable).with_name("vllm")
     cmd = [str(vllm_bin), "serve", target, "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", "512", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "bfloat16",
+           "--max-model-len", "512", "--max-num-seqs", "4", "--enforce-eager",
+           "--dtype", "float32",  # bf16 on AMX CPUs: see test_soak_checks.py
            "--served-model-name", "tiny", "--reasoning-parser", "deepseek_r1",
            "--speculative-config", json.dumps(spec)]
     log = open(log_path, "w")

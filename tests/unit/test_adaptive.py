@@ -220,8 +220,8 @@ def test_a_drafter_that_runs_anyway_saves_nothing_at_depth_0():
     drafter time; where it is skipped, it saves it."""
     skipped, always = policy(learn_cost=False, draft_cost_ratio=0.5), policy(
         learn_cost=False, draft_cost_ratio=0.5, idle_drafter_runs=True)
-    assert skipped._drafting(1)[1] == pytest.approx(0.5)
-    assert always._drafting(1)[1] == pytest.approx(0.0)
+    assert skipped._terms(1)[1][1] == pytest.approx(0.5)
+    assert always._terms(1)[1][1] == pytest.approx(0.0)
 
 
 def test_resuming_a_drafter_that_catches_up_costs_the_resumed_term_once():
@@ -229,9 +229,9 @@ def test_resuming_a_drafter_that_catches_up_costs_the_resumed_term_once():
     p._theta = [0.0] * costs.N_FEATURES
     p._theta[costs.RESUMED] = 3.0
     p._last_drafted = 0
-    assert p._drafting(1)[1] == pytest.approx(3.0)
+    assert p._terms(1)[1][1] == pytest.approx(3.0)
     p._last_drafted = 2
-    assert p._drafting(1)[1] == pytest.approx(0.0)
+    assert p._terms(1)[1][1] == pytest.approx(0.0)
 
 
 def test_forget_frees_request_state():

@@ -122,3 +122,24 @@ def test_draft_position_cost_follows_the_drafter_unless_given(method, expected):
     assert resolve_draft_cost(options, method).adaptive.draft_token_cost_ratio == expected
     given = parse_options({"policy": "adaptive", "adaptive": {"draft_token_cost_ratio": 0.05}}, 2)
     assert resolve_draft_cost(given, method).adaptive.draft_token_cost_ratio == 0.05
+
+
+@pytest.mark.parametrize(
+    "method, options, v2, expected",
+    [
+        ("dflash", {"policy": "adaptive"}, False, True),  # Model Runner V1: context only at depth 0
+        ("dflash", {"policy": "adaptive"}, True, False),  # Model Runner V2 runs its drafter anyway
+        ("dflash", {"policy": "adaptive", "skip_idle_drafter": False}, False, False),
+        ("dspark", {"policy": "adaptive"}, False, False),
+        ("draft_model", {"policy": "adaptive"}, False, False),  # skipped and caught up instead
+    ],
+)
+def test_an_idle_dflash_drafter_is_priced_as_not_running_where_it_writes_only_its_context(method, options, v2, expected):
+    from dspark_dynamic.adapter.build import build_controller, expects_context_only
+
+    cfg = vllm_config({"dspark_dynamic": {**IDS, **options}}, method=method)
+    cfg.use_v2_model_runner = v2
+    cfg.scheduler_config = SimpleNamespace(async_scheduling=False)
+    assert expects_context_only(parse_options(options, 2), cfg) is expected
+    policy = build_controller(cfg).controller.policy
+    assert policy.idle_drafter_runs is (not expected and method != "draft_model")

@@ -16,6 +16,8 @@ scheduler adapter holds no construction logic of its own.
 
 from __future__ import annotations
 
+import importlib.util
+
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -206,7 +208,8 @@ def build_controller(vllm_config: Any) -> BuiltController | None:
     batch_depth = resolve_batch_depth(options, vllm_config)
     trace = open(options.trace_path, "a") if options.trace_path else None  # flushed when the engine idles
     catches_up = expects_drafter_catch_up(options, vllm_config)
-    policy = build_policy(options, catches_up, idle_drafter_runs=not catches_up)
+    idle_runs = not (catches_up or expects_context_only(options, vllm_config))
+    policy = build_policy(options, catches_up, idle_drafter_runs=idle_runs)
     controller = DepthController(markers.detector(), policy, batch_depth, PhaseStats(trace))
     return BuiltController(options, markers, batch_depth, controller, trace, confidence_status(options, vllm_config))
 
@@ -227,6 +230,27 @@ def expects_drafter_catch_up(options: DynamicDepthOptions, vllm_config: Any) -> 
         and getattr(spec, "method", None) == "draft_model"
         and not getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False)
     )
+
+
+def expects_context_only(options: DynamicDepthOptions, vllm_config: Any) -> bool:
+    """A DFlash drafter on Model Runner V1 writes only its context on steps that draft nothing
+    (``adapter/patches/dflash_context.py``), so drafting nothing saves its forward.  A worker
+    may still refuse (data parallel: it says so at start-up); the cost model then prices a
+    forward that runs anyway at about nothing."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    return bool(
+        idle_drafter_skip_requested(options)
+        and getattr(spec, "method", None) == "dflash"
+        and not getattr(vllm_config, "use_v2_model_runner", False)
+        and _has_module("vllm.v1.spec_decode.dflash")  # vLLM 0.34 has no Model Runner V1
+    )
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def resolve_draft_cost(options: DynamicDepthOptions, method: str | None) -> DynamicDepthOptions:

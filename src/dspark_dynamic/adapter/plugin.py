@@ -26,13 +26,14 @@ def all_patches() -> tuple:
         confidence_v2,
         config_alias,
         cudagraph,
+        dflash_context,
         drafter_skip,
         scheduler,
         zero_draft_sampling,
     )
 
     return (config_alias.PATCHES + scheduler.PATCHES + confidence.PATCHES + drafter_skip.PATCHES
-            + zero_draft_sampling.PATCHES + confidence_v2.PATCHES + cudagraph.PATCHES)
+            + dflash_context.PATCHES + zero_draft_sampling.PATCHES + confidence_v2.PATCHES + cudagraph.PATCHES)
 
 
 def register() -> None:

@@ -131,6 +131,7 @@ class AdaptivePolicy:
         # drafting depths decided under the current draw, by the batch's phases (for batches
         # whose requests are all their phase's: nothing else enters the decision)
         self._plans: dict[tuple, int] = {}
+        self._step_terms: dict[tuple[int, bool], tuple] = {}  # ``_terms`` by batch, this draw
         self._last_drafted = -1  # the drafter's depth in the previous step (-1: none seen)
         self._drafting_now = 0.0  # what the drafting planned for this step costs it
 
@@ -165,6 +166,7 @@ class AdaptivePolicy:
             self._theta = self.cost.sample(self._rng)
             self._draws.clear()
             self._plans.clear()
+            self._step_terms.clear()
         self._request_draws.clear()
         self._ready.clear()
 
@@ -197,22 +199,21 @@ class AdaptivePolicy:
             self._ready[phase] = known
         return known
 
-    def _terms(self, requests: int) -> tuple[float, float, float]:
-        """(base, verify, first) of this step's draw: seconds without verifying, per verified
-        draft, once for verifying any."""
-        t = self._theta
-        base = t[STEP] + t[REQUEST] * requests
-        floor = 0.05 * self.cost.scale * requests
-        return (base if base > floor else floor), max(t[VERIFIED], 0.0), max(t[FIRST], 0.0)
-
-    def _drafting(self, requests: int) -> list[float]:
-        """What drafting ``D`` positions costs the step, ``D = 0..N``, beyond drafting none."""
-        t = self._theta
-        once = 0.0 if self.idle_drafter_runs else t[DRAFTER]
-        if self.drafter_catches_up and self._last_drafted == 0:
-            once += t[RESUMED]
-        per = t[DRAFTED] + t[DRAFTED_ALL] * requests
-        return [0.0] + [max(0.0, once + per * d) for d in range(1, self.n + 1)]
+    def _terms(self, requests: int) -> tuple[tuple[float, float, float], list[float]]:
+        """This draw's (base, verify, first) for ``requests``: seconds without verifying, per verified
+        draft, once for any; and what drafting ``D = 0..N`` positions adds (kept for the draw)."""
+        key = (requests, resuming := self.drafter_catches_up and self._last_drafted == 0)
+        terms = self._step_terms.get(key)
+        if terms is None:
+            t = self._theta
+            base = t[STEP] + t[REQUEST] * requests
+            floor = 0.05 * self.cost.scale * requests
+            once = (0.0 if self.idle_drafter_runs else t[DRAFTER]) + (t[RESUMED] if resuming else 0.0)
+            per = t[DRAFTED] + t[DRAFTED_ALL] * requests
+            terms = self._step_terms[key] = (  # the floor: a step is never nearly free
+                ((base if base > floor else floor), max(t[VERIFIED], 0.0), max(t[FIRST], 0.0)),
+                [0.0] + [max(0.0, once + per * d) for d in range(1, self.n + 1)])
+        return terms
 
     # -- DepthPolicy --------------------------------------------------------------------
 
@@ -236,14 +237,13 @@ class AdaptivePolicy:
         if not rows:
             return []
         requests = len(rows)
-        drafting = self._drafting(requests)
+        (base, verify, first), drafting = self._terms(requests)
         if fresh:  # learn without losing: every request's default positions are drafted
             depth = max(self.defaults[p] for p, _ in rows)
         else:
             key = self._plan_key(rows)
             depth = self._plans.get(key) if key is not None else None
             if depth is None:
-                base, verify, first = self._terms(requests)
                 depth = drafting_depth(requests, base, verify, first, drafting, self._gains_for(rows), self.min_depth)
                 if key is not None:
                     self._plans[key] = depth
@@ -334,7 +334,7 @@ class AdaptivePolicy:
                 survivals.append(survival(shifted(self.rates[phase].predict_one(), shifts))[:available])
             else:
                 survivals.append(self._draw(phase).drawn_survival[:available])
-        base, verify, first = self._terms(len(items))
+        base, verify, first = self._terms(len(items))[0]
         depths = admit(survivals, base + self._drafting_now, verify, first, uniform)
         if self.min_depth:
             depths = [max(k, min(self.min_depth, available)) for k, (_p, _r, _f, available) in zip(depths, items)]

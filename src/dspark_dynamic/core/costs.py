@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import random
+from operator import mul
 from typing import NamedTuple
 
 # x = (1, requests, verified, any verified, drafter ran, drafted per request, drafted in all, resumed)
@@ -239,12 +240,8 @@ class StepCost:
             return self.mean
         gauss = rng.gauss
         z = [gauss(0.0, 1.0) for _ in range(N_FEATURES)]
-        out = []
-        for m, row in zip(self.mean, low):  # row i of the Cholesky factor: its first i+1 entries
-            for a, b in zip(row, z):
-                m += a * b
-            out.append(m)
-        return out
+        # row i of the Cholesky factor: its first i+1 entries (``sum`` adds in order, from the mean)
+        return [sum(map(mul, row, z), m) for m, row in zip(self.mean, low)]
 
     def sd(self, index: int) -> float:
         """The posterior standard deviation of one coefficient (0 while given)."""

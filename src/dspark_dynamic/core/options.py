@@ -76,8 +76,9 @@ class DynamicDepthOptions:
     log_interval_s: float = 10.0
     trace_path: str | None = None
     bound_drafts: bool = True  # ask the drafter for no more drafts than the next step verifies
-    # draft_model: a step that drafts nothing for anyone skips the drafter's forward; the next
-    # forward catches its cache up (adapter/patches/drafter_skip.py)
+    # a step that drafts nothing for anyone skips the drafter's forward: draft_model's next
+    # forward catches its cache up (adapter/patches/drafter_skip.py); DFlash still writes its
+    # context (adapter/patches/dflash_context.py)
     skip_idle_drafter: bool = True
     adaptive: AdaptiveOptions = AdaptiveOptions()
 

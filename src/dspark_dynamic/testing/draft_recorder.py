@@ -4,7 +4,9 @@
 as ``[request number, query start position, draft ids]`` rows (request number: order of first
 appearance, stable across engines fed the same prompts); ``report()`` returns them with the
 drafter's idle-skip counters, and how many steps vLLM's rejection sampler verified, by the
-step's deepest draft (``max_spec_len``).
+step's deepest draft (``max_spec_len``).  For a DFlash drafter it also keeps every context write
+(``[positions, slots, sum of the context states]`` per call) and counts the drafter's forwards
+(its attention metadata is built once per forward).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ _proposals: list[list[list[Any]]] = []
 _numbers: dict[str, int] = {}
 _skip_state: Any = None
 _rejection_steps: dict[int, int] = {}
+_contexts: list[list[Any]] = []
+_forwards = [0]
 
 
 def install() -> None:
@@ -52,6 +56,31 @@ def install() -> None:
         return verify(self, metadata, *args, **kwargs)
 
     RejectionSampler.forward = forward
+    _install_dflash()
+
+
+def _install_dflash() -> None:
+    try:
+        from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+        from vllm.v1.spec_decode.dflash import DFlashProposer
+    except ImportError:
+        return
+    store = DFlashQwen3ForCausalLM.precompute_and_store_context_kv
+
+    @functools.wraps(store)
+    def precompute_and_store_context_kv(self: Any, states: Any, positions: Any, slots: Any = None) -> Any:
+        _contexts.append([positions.tolist(), None if slots is None else slots.tolist(), float(states.float().sum())])
+        return store(self, states, positions, slots)
+
+    DFlashQwen3ForCausalLM.precompute_and_store_context_kv = precompute_and_store_context_kv
+    metadata = DFlashProposer.build_per_group_and_layer_attn_metadata
+
+    @functools.wraps(metadata)
+    def build_per_group_and_layer_attn_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _forwards[0] += 1
+        return metadata(self, *args, **kwargs)
+
+    DFlashProposer.build_per_group_and_layer_attn_metadata = build_per_group_and_layer_attn_metadata
 
 
 def report() -> dict[str, Any]:
@@ -59,4 +88,5 @@ def report() -> dict[str, Any]:
     skip = None if state is None else {"skipped_steps": state.lag.skipped_steps,
                                        "caught_up_positions": state.lag.caught_up_positions,
                                        "lost_positions": state.lost_positions}
-    return {"proposals": _proposals, "skip": skip, "rejection_steps": dict(_rejection_steps)}
+    return {"proposals": _proposals, "skip": skip, "rejection_steps": dict(_rejection_steps),
+            "dflash_contexts": _contexts, "dflash_forwards": _forwards[0]}

@@ -1,0 +1,145 @@
+"""A DFlash drafter asked for no drafts writes its context and skips its forward (worker process,
+Model Runner V1).
+
+vLLM's DFlash (``vllm/v1/spec_decode/dflash.py``) does two things in a step's first pass: it
+projects the target's hidden states of the tokens the step processed into the drafter's KV
+cache (the *context*, ``build_model_inputs_first_pass`` -> ``precompute_and_store_context_kv``),
+then runs one forward over the query block ``[x, M, ..., M]`` at the positions after them and
+reads the drafts off its logits.  At ``num_speculative_tokens == 0`` vLLM still runs that
+forward and discards it.  Only the context lasts: the block's keys and values sit at positions
+the target has not processed yet, and the next step's context overwrites them there before any
+query reads them.
+
+``DFlashProposer.propose`` (wrapped; the class inherits ``SpecDecodeBaseProposer.propose``): at
+``num_speculative_tokens == 0``, run vLLM's own ``combine_hidden_states``,
+``set_inputs_first_pass`` and ``build_model_inputs_first_pass`` (which writes the context), then
+return what vLLM's K = 0 path returns (no drafts), without the attention metadata, the forward
+or the logits.  The drafter's cache is then exactly what vLLM's path leaves; drafts and output
+are unchanged.
+
+Limits: not under data parallel (every rank's drafter forward takes part in one cross-rank
+padding exchange, so one rank may not skip it alone).  Model Runner V2 (vLLM 0.34, DSpark on
+the fork) drafts elsewhere: there the drafter runs at depth 0 and the cost model knows it
+(``adapter.build.expects_context_only``).  Nothing happens unless the controller is configured
+with ``skip_idle_drafter`` (the default) and drafts bound to its plans.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any
+
+from dspark_dynamic.adapter.fail_open import FailOpen
+from dspark_dynamic.adapter.patches.drafter_skip import argument_reader, skip_wanted
+from dspark_dynamic.adapter.patching import Patch, Where
+
+logger = logging.getLogger("vllm.dspark_dynamic")
+
+DFLASH_MODULE = "vllm.v1.spec_decode.dflash"
+ATTR = "_dspark_dynamic_dflash_context"  # on a proposer: True when it skips idle forwards, else None
+# what the context-only pass calls (vLLM's own methods, in vLLM's order): on the model, then on
+# the proposer
+MODEL_NEEDS = ("combine_hidden_states",)
+PROPOSER_NEEDS = ("set_inputs_first_pass", "build_model_inputs_first_pass")
+
+GUARD = FailOpen(ATTR, fallback="this DFlash drafter runs its forward on every step (vLLM's own behaviour)")
+
+
+def why_not_context_only(proposer: Any) -> str | None:
+    """Why this DFlash drafter's idle forward cannot be skipped, or None."""
+    config = proposer.vllm_config
+    if getattr(getattr(config, "parallel_config", None), "data_parallel_size", 1) > 1:
+        return "data parallel (every rank's drafter forward joins one cross-rank padding exchange)"
+    model = getattr(proposer, "model", None)
+    missing = ([name for name in MODEL_NEEDS if not callable(getattr(model, name, None))]
+               + [name for name in PROPOSER_NEEDS if not callable(getattr(proposer, name, None))])
+    if missing:
+        return f"this vLLM's DFlash proposer lacks {missing}"
+    return None
+
+
+def _enabled(proposer: Any) -> bool:
+    """Decided on the first call (the model is loaded by then), kept on the proposer."""
+    state = proposer.__dict__.get(ATTR, False)
+    if state is not False:
+        return bool(state)
+    proposer.__dict__[ATTR] = None
+    if not skip_wanted(getattr(proposer, "vllm_config", None)):
+        return False
+    why_not = why_not_context_only(proposer)
+    if why_not is not None:
+        logger.info("dspark_dynamic: the DFlash drafter's forward runs on every step (%s)", why_not)
+        return False
+    proposer.__dict__[ATTR] = True
+    logger.info("dspark_dynamic: %s writes only its context on steps that draft nothing (no forward)",
+                type(proposer).__name__)
+    return True
+
+
+def context_only(proposer: Any, arguments: dict[str, Any]) -> Any:
+    """vLLM's first pass up to the context K/V, then vLLM's K = 0 result (no drafts)."""
+    import torch
+
+    cad = arguments["common_attn_metadata"]
+    proposer.num_speculative_tokens = 0
+    proposer._last_draft_probs = None
+    hidden = proposer.model.combine_hidden_states(arguments["target_hidden_states"])
+    num_tokens, _indices, _cad = proposer.set_inputs_first_pass(
+        target_token_ids=arguments["target_token_ids"],
+        next_token_ids=arguments["next_token_ids"],
+        target_positions=arguments["target_positions"],
+        target_hidden_states=hidden,
+        token_indices_to_sample=arguments["token_indices_to_sample"],
+        cad=cad,
+        num_rejected_tokens_gpu=arguments.get("num_rejected_tokens_gpu"),
+    )
+    proposer.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # writes the context
+    device = arguments["next_token_ids"].device
+    return torch.empty(cad.batch_size(), 0, device=device, dtype=torch.int64)
+
+
+def _propose(original):
+    where = "DFlashProposer.propose"
+    signature = inspect.signature(original)
+    read_k = argument_reader(signature, "num_speculative_tokens")
+
+    @functools.wraps(original)
+    def propose(self, *args: Any, **kwargs: Any):
+        try:
+            if read_k(args, kwargs) != 0 or not _enabled(self):
+                return original(self, *args, **kwargs)
+            arguments = signature.bind(self, *args, **kwargs).arguments
+        except Exception as exc:
+            GUARD.trip(self, where, exc)
+            return original(self, *args, **kwargs)
+        try:
+            return context_only(self, arguments)
+        except Exception as exc:  # nothing lasting happened before the context write: redo it all
+            GUARD.trip(self, where, exc)
+            return original(self, *args, **kwargs)
+
+    return propose
+
+
+D = "v1/spec_decode/dflash.py"
+P = "v1/spec_decode/llm_base_proposer.py"
+
+PATCHES = (
+    Patch(
+        "dflash-context-only",
+        DFLASH_MODULE,
+        "DFlashProposer.propose",
+        _propose,
+        params=("num_speculative_tokens", "target_token_ids", "target_positions", "target_hidden_states",
+                "next_token_ids", "token_indices_to_sample", "common_attn_metadata"),
+        why="a DFlash drafter asked for no drafts writes its context K/V and skips the forward vLLM discards",
+        process="worker",
+        where=Where(f"{P}:509, inherited (K = 0: forward :589, empty :606; context {D}:270)",
+                    f"{P}:512, inherited (K = 0: forward :600, empty :620; context {D}:283)",
+                    f"{P}:511, inherited (K = 0: forward :599, empty :619; context {D}:283)",
+                    v034=f"absent: vLLM 0.34 has no Model Runner V1 (no {D})"),
+        removable_when="vLLM's DFlash skips the forward when no drafts are asked for",
+    ),
+)
