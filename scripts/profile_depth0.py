@@ -14,7 +14,13 @@ through ``engine.step()`` under ``cProfile`` after a warm-up, and prints per eng
 
 cProfile slows Python code (not the kernels) by a roughly constant factor, so the differences
 between settings, not the absolute times, are what it attributes; the medians printed without
-the profiler (``--no-profile``) are the wall-clock figures.
+the profiler (``--no-profile``) are the wall-clock figures.  ``--timers`` measures instead with
+wall-clock timers around the parts of a step (scheduler, input preparation, model forward,
+sampling and drafting, output update, the engine's post-step), the plugin's patches included
+in the part they wrap, and prints each part's median and mean per step (a mean above the median:
+a part that is dear now and then, as a drafter catching up) against the first setting's.
+
+    python scripts/profile_depth0.py --timers --concurrency 1 --settings "fixed k=0,phase 0/0"
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ def child(args: argparse.Namespace) -> None:
         count += 1
         engine.add_request(f"p-{count}", prompt, params)
 
+    parts = install_timers() if args.timers else None
     profiler = cProfile.Profile()
     times, decode = [], []
     for i in range(args.warmup + args.steps):
@@ -85,6 +92,8 @@ def child(args: argparse.Namespace) -> None:
         prefill = engine.get_num_unfinished_requests() > live
         if i == args.warmup and args.profile:
             profiler.enable()
+        if parts is not None:
+            parts.clear()
         t = time.perf_counter()
         engine.step()
         dt = time.perf_counter() - t
@@ -92,12 +101,56 @@ def child(args: argparse.Namespace) -> None:
             times.append(dt)
             if not prefill:
                 decode.append(dt)
+                if parts is not None:
+                    for name in PARTS:
+                        per_part.setdefault(name, []).append(parts.get(name, 0.0))
     profiler.disable()
     if args.profile:
         profiler.dump_stats(args.out + ".prof")
-    Path(args.out).write_text(json.dumps({"steps": len(times), "step_ms": 1e3 * statistics.median(times),
-                                          "decode_ms": 1e3 * statistics.median(decode) if decode else None,
-                                          "mean_ms": 1e3 * statistics.fmean(times)}))
+    result = {"steps": len(times), "step_ms": 1e3 * statistics.median(times),
+              "decode_ms": 1e3 * statistics.median(decode) if decode else None,
+              "mean_ms": 1e3 * statistics.fmean(times)}
+    if per_part:
+        result["parts"] = {name: [1e3 * statistics.median(v), 1e3 * statistics.fmean(v)] for name, v in per_part.items()}
+        result["parts"]["decode step"] = [result["decode_ms"], 1e3 * statistics.fmean(decode)]
+    Path(args.out).write_text(json.dumps(result))
+
+
+# the parts of an engine step timed by ``--timers``: (label, module, class, method)
+PARTS = {
+    "schedule": ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule"),
+    "prepare inputs": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_prepare_inputs"),
+    "model forward": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_model_forward"),
+    "execute model": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model"),
+    "sample tokens": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens"),
+    "drafter": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "propose_draft_token_ids"),
+    "update from output": ("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output"),
+    "post step": ("vllm.v1.engine.core", "EngineCore", "post_step"),
+}
+per_part: dict[str, list[float]] = {}
+
+
+def install_timers() -> dict[str, float]:
+    """Wrap each part (after the plugin's patches, so they count in the part they wrap); returns
+    the dict the wrappers add each call's seconds to."""
+    import functools
+    import importlib
+    import time
+
+    totals: dict[str, float] = {}
+    for name, (module, cls_name, method) in PARTS.items():
+        cls = getattr(importlib.import_module(module), cls_name)
+        original = getattr(cls, method)
+
+        def timed(*args, _original=original, _name=name, **kwargs):
+            t = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                totals[_name] = totals.get(_name, 0.0) + time.perf_counter() - t
+
+        setattr(cls, method, functools.wraps(original)(timed))
+    return totals
 
 
 def group_of(key: tuple[str, int, str]) -> str:
@@ -114,6 +167,21 @@ def per_step(path: str, steps: int) -> dict[tuple[str, int, str], tuple[float, f
     return {key: (tt / steps, ct / steps) for key, (_cc, _nc, tt, ct, _callers) in stats.items()}
 
 
+def print_parts(settings: list[str], results: dict) -> None:
+    """Per part of a decode step: median and mean ms per setting, and each setting less the first."""
+    ref = results[settings[0]]["parts"]
+    print("\nms per decode step, median / mean (the first setting's, then each other's less it)")
+    print(f"{'part':<20}" + "".join(f"{name:>26}" for name in settings))
+    for part in [*PARTS, "decode step"]:
+        cells = []
+        for i, name in enumerate(settings):
+            med, mean = results[name]["parts"][part]
+            if i:
+                med, mean = med - ref[part][0], mean - ref[part][1]
+            cells.append(f"{med:+9.3f} / {mean:+8.3f}" if i else f"{med:9.3f} / {mean:8.3f}")
+        print(f"{part:<20}" + "".join(f"{c:>26}" for c in cells))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default="fixed k=0,phase 0/0", help="comma-separated; the first is the reference")
@@ -124,6 +192,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--timers", action="store_true", help="wall-clock timers around a step's parts (no cProfile)")
     ap.add_argument("--setting", help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -137,12 +206,16 @@ def main() -> int:
         out = os.path.join(tmp, f"{i}.json")
         cmd = [sys.executable, __file__, "--setting", name, "--out", out, "--shape", args.shape,
                "--drafter", args.drafter, "--concurrency", str(args.concurrency), "--steps", str(args.steps),
-               "--warmup", str(args.warmup)] + ([] if args.profile else ["--no-profile"])
+               "--warmup", str(args.warmup)] + ([] if args.profile and not args.timers else ["--no-profile"])
+        cmd += ["--timers"] if args.timers else []
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         results[name] = json.loads(Path(out).read_text())
         r = results[name]
         print(f"{name:<14} median step {r['step_ms']:.2f} ms, decode-only {r['decode_ms']:.2f} ms, "
-              f"mean {r['mean_ms']:.2f} ms over {r['steps']} steps" + (" (under cProfile)" if args.profile else ""))
+              f"mean {r['mean_ms']:.2f} ms over {r['steps']} steps" + (" (under cProfile)" if args.profile and not args.timers else ""))
+    if args.timers:
+        print_parts(settings, results)
+        return 0
     if not args.profile:
         return 0
     ref_name = settings[0]

@@ -72,3 +72,13 @@ def test_skip_if_allowed_is_may_skip_then_skip():
         if not allowed or rng.random() < 0.3:  # a step that runs the drafter catches everyone up
             assert one.catch_up(rows) == two.catch_up(rows)
         assert one._behind == two._behind and one.skipped_steps == two.skipped_steps
+
+
+def test_no_step_is_skipped_whose_catch_up_would_not_fit_the_budget():
+    lag = DrafterLag(max_lag=100)
+    lag.skip([Row("a", 10, 1), Row("b", 20, 1)])
+    step = [Row("a", 30, 1), Row("b", 40, 1)]  # then 21 + 21 positions behind
+    assert lag.may_skip(step, budget=42) and not lag.may_skip(step, budget=41)
+    assert not lag.skip_if_allowed(step, budget=41) and lag.skipped_steps == 1
+    assert lag.skip_if_allowed(step, budget=42) and lag.skipped_steps == 2
+    assert lag.catch_up([Row("a", 31, 1), Row("b", 41, 1)]) == [21, 21]

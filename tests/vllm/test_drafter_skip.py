@@ -195,6 +195,10 @@ def test_the_patched_runner_returns_before_preparing_the_drafters_inputs_on_a_sk
     state.lag.max_lag = 2
     assert call(0, 8) == [] and call(0, 9) == [] and calls == [1]  # at most 2 behind
     assert call(0, 10).shape == (1, 0) and calls == [1, 1]  # would be 3 behind: vLLM's method runs
+    # nor one whose catch-up would no longer fit the drafter's buffer (besides each row's own query)
+    state.lag.max_lag, state.buffer, state.per_row = 100, 8, 4  # room for 8 - 4 = 4 positions
+    assert [call(0, p) for p in (11, 12, 13, 14)] == [[], [], [], []] and calls == [1, 1]
+    assert call(0, 15).shape == (1, 0) and calls == [1, 1, 1]  # would be 5 behind
 
 
 def test_the_argument_reader_finds_an_argument_by_position_or_keyword():

@@ -10,8 +10,9 @@ drafts are unlikely to pay).
 
 ``SpecDecodeBaseProposer.propose`` (wrapped, for ``draft_model`` only; on a skipped step the
 runner's ``propose_draft_token_ids`` returns before it prepares the drafter's inputs):
-- ``num_speculative_tokens == 0`` and no request of the batch would fall more than
-  ``core.drafter_lag.DEFAULT_MAX_LAG`` positions behind: return no drafts without the forward
+- ``num_speculative_tokens == 0``, no request of the batch would fall more than
+  ``core.drafter_lag.DEFAULT_MAX_LAG`` positions behind and the batch's catch-up would still fit
+  the drafter's token buffer in one forward: return no drafts without the forward
   (as vLLM's own K = 0 path returns; the runner's whole drafting step returns them as empty host
   lists, so no device copy or event follows) and record where each request's drafter cache stops;
 - otherwise, before vLLM's first pass, prepend to each lagging request's query the positions its
@@ -76,14 +77,19 @@ def why_not_skippable(proposer: Any, runner: Any) -> str | None:
 
 
 class DrafterSkip:
-    """One drafter's lag bookkeeping, and the runner it reads committed tokens from."""
+    """One drafter's lag bookkeeping, the runner it reads committed tokens from, and the room its
+    token buffer has for a catch-up (``buffer``: the drafter's ``max_num_tokens``; ``per_row``:
+    what each request's own query may take next step besides)."""
 
-    __slots__ = ("lag", "runner", "lost_positions")
+    __slots__ = ("lag", "runner", "lost_positions", "buffer", "per_row")
 
-    def __init__(self, runner: Any, lag: DrafterLag | None = None) -> None:
+    def __init__(self, runner: Any, lag: DrafterLag | None = None, buffer: int | None = None,
+                 per_row: int = 0) -> None:
         self.lag = lag or DrafterLag()
         self.runner = weakref.ref(runner)
         self.lost_positions = 0  # catch-ups that did not fit the drafter's buffer
+        self.buffer = buffer
+        self.per_row = per_row
 
     def rows(self, cad: Any) -> list[Row]:
         """The step's rows, from host data (the batch's computed tokens, the query start offsets)."""
@@ -99,7 +105,8 @@ class DrafterSkip:
         lag = self.lag
         if len(lag) > len(rows):
             lag.prune(self.runner().requests)
-        return lag.skip_if_allowed(rows)
+        budget = None if self.buffer is None else self.buffer - len(rows) * self.per_row
+        return lag.skip_if_allowed(rows, budget)
 
     def plan(self, proposer: Any, args: dict[str, Any]) -> Any:
         """``_SKIP``, None (vLLM's call as it is) or the arguments to replace (a catch-up)."""
@@ -188,7 +195,9 @@ def _attach(proposer: Any, runner: Any) -> None:
     if why_not is not None:
         logger.info("dspark_dynamic: the drafter's forward runs on every step (%s)", why_not)
         return
-    proposer.__dict__[ATTR] = DrafterSkip(runner)
+    buffer = getattr(proposer, "max_num_tokens", None)
+    per_row = 1 + getattr(proposer, "num_speculative_tokens", 0) + getattr(proposer, "extra_slots_per_request", 0)
+    proposer.__dict__[ATTR] = DrafterSkip(runner, buffer=buffer if isinstance(buffer, int) else None, per_row=per_row)
     logger.info("dspark_dynamic: %s skips its forward on steps that draft nothing (cache caught up "
                 "within %d positions)", type(proposer).__name__, proposer.__dict__[ATTR].lag.max_lag)
 
