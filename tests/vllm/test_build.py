@@ -1,3 +1,4 @@
+import importlib.util
 from types import SimpleNamespace
 
 import pytest
@@ -140,6 +141,8 @@ def test_an_idle_dflash_drafter_is_priced_as_not_running_where_it_writes_only_it
     cfg = vllm_config({"dspark_dynamic": {**IDS, **options}}, method=method)
     cfg.use_v2_model_runner = v2
     cfg.scheduler_config = SimpleNamespace(async_scheduling=False)
+    if importlib.util.find_spec("vllm.v1.spec_decode.dflash") is None:
+        expected = False  # vLLM 0.34: no Model Runner V1, its DFlash drafter runs at depth 0
     assert expects_context_only(parse_options(options, 2), cfg) is expected
     policy = build_controller(cfg).controller.policy
     assert policy.idle_drafter_runs is (not expected and method != "draft_model")
