@@ -200,6 +200,8 @@ def main() -> int:
         child(args)
         return 0
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    if len(set(settings)) < len(settings):
+        ap.error("--settings: each setting once (results are kept by name)")
     tmp = tempfile.mkdtemp(prefix="profile-depth0-")
     results = {}
     for i, name in enumerate(settings):

@@ -96,3 +96,19 @@ def test_a_fault_falls_back_to_vllms_propose_for_good():
     assert GUARD.errors == before + 1 and proposer.__dict__[ATTR] is None
     proposer.calls.clear()
     assert call(proposer, 0) == "vllm's drafts" and proposer.calls == ["vllm K=0"]
+
+
+def test_vllms_own_errors_pass_through_once_and_leave_the_plugin_attached():
+    def failing(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):
+        self.calls.append(f"vllm K={num_speculative_tokens}")
+        raise ValueError("vLLM's own error")
+
+    wrapped = PATCHES[0].build(failing)
+    proposer, before = Recorder(), GUARD.errors
+    cad = SimpleNamespace(batch_size=lambda: 3)
+    with pytest.raises(ValueError, match="vLLM's own error"):
+        wrapped(proposer, 2, torch.arange(5), torch.arange(5), torch.ones(5, 4), torch.zeros(3, dtype=torch.int64),
+                None, cad, None)
+    assert proposer.calls == ["vllm K=2"] and GUARD.errors == before

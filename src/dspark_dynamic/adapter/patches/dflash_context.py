@@ -78,6 +78,11 @@ def _enabled(proposer: Any) -> bool:
     return True
 
 
+# the propose arguments the context-only pass reads (vLLM's names)
+ARGUMENTS = ("target_token_ids", "target_positions", "target_hidden_states", "next_token_ids",
+             "token_indices_to_sample", "common_attn_metadata")
+
+
 def context_only(proposer: Any, arguments: dict[str, Any]) -> Any:
     """vLLM's first pass up to the context K/V, then vLLM's K = 0 result (no drafts)."""
     import torch
@@ -101,24 +106,28 @@ def context_only(proposer: Any, arguments: dict[str, Any]) -> Any:
 
 
 def _propose(original):
+    """vLLM's propose is called at most once, outside the plugin's ``try`` (its own errors pass
+    through); the plugin's part reads the arguments without binding the call (on every idle step)."""
     where = "DFlashProposer.propose"
     signature = inspect.signature(original)
     read_k = argument_reader(signature, "num_speculative_tokens")
+    readers = {name: argument_reader(signature, name) for name in ARGUMENTS}
+    read_rejected = argument_reader(signature, "num_rejected_tokens_gpu")
 
     @functools.wraps(original)
     def propose(self, *args: Any, **kwargs: Any):
+        result = None
         try:
-            if read_k(args, kwargs) != 0 or not _enabled(self):
-                return original(self, *args, **kwargs)
-            arguments = signature.bind(self, *args, **kwargs).arguments
-        except Exception as exc:
+            if read_k(args, kwargs) == 0 and _enabled(self):
+                arguments = {name: read(args, kwargs) for name, read in readers.items()}
+                try:
+                    arguments["num_rejected_tokens_gpu"] = read_rejected(args, kwargs)
+                except (IndexError, KeyError):  # a default argument left out
+                    arguments["num_rejected_tokens_gpu"] = None
+                result = context_only(self, arguments)
+        except Exception as exc:  # nothing lasting happened before the context write: vLLM redoes it
             GUARD.trip(self, where, exc)
-            return original(self, *args, **kwargs)
-        try:
-            return context_only(self, arguments)
-        except Exception as exc:  # nothing lasting happened before the context write: redo it all
-            GUARD.trip(self, where, exc)
-            return original(self, *args, **kwargs)
+        return original(self, *args, **kwargs) if result is None else result
 
     return propose
 
