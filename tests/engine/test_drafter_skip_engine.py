@@ -1,7 +1,8 @@
 """Steps that draft nothing, in a real vLLM engine: the draft_model forward is skipped (the
 drafter's cache is caught up before it drafts again, so it proposes exactly what it proposes
 when its forward runs every step), and so is vLLM's rejection sampler (test_sampling.py shows
-the plain sampler's tokens and logprobs are plain decoding's)."""
+the plain sampler's tokens and logprobs are plain decoding's); a step that verifies no draft and
+leaves the drafter idle runs the runner's plain decoding branches (``plain_step``)."""
 
 import pytest
 
@@ -76,6 +77,16 @@ def tp2_skipping(target, context_draft, tmp_path_factory):
         tp2 = {**spec(target, context_draft, True), "record_drafts": False, "batches": BATCHES[1:],
                "engine": {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}}
         return run_in_subprocess(tp2, tmp_path_factory.mktemp("drafter_skip_tp2"))
+
+
+def test_idle_steps_run_the_runners_plain_path_and_restore_its_config(skipping, every_step):
+    plain = skipping["drafts"]["plain_steps"]
+    # every skipped drafter step ran plain (the reasoning steps at depth 0 but the catch-ups)
+    assert plain["steps"] == skipping["drafts"]["skip"]["skipped_steps"] > 100
+    assert plain["left_off"] == 0  # every step began with the runner's speculative config
+    assert "steps that verify and draft nothing run vLLM's plain decoding path" in skipping["log"]
+    assert every_step["drafts"]["plain_steps"] == {"steps": 0, "left_off": 0}  # the drafter runs: never plain
+    assert "the drafter's idle forward is not skipped" in every_step["log"]
 
 
 def test_steps_without_drafts_skip_the_rejection_sampler(skipping):

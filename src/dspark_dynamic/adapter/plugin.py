@@ -28,12 +28,14 @@ def all_patches() -> tuple:
         cudagraph,
         dflash_context,
         drafter_skip,
+        plain_step,
         scheduler,
         zero_draft_sampling,
     )
 
     return (config_alias.PATCHES + scheduler.PATCHES + confidence.PATCHES + drafter_skip.PATCHES
-            + dflash_context.PATCHES + zero_draft_sampling.PATCHES + confidence_v2.PATCHES + cudagraph.PATCHES)
+            + dflash_context.PATCHES + zero_draft_sampling.PATCHES + plain_step.PATCHES + confidence_v2.PATCHES
+            + cudagraph.PATCHES)
 
 
 def register() -> None:

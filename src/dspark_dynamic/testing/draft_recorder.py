@@ -6,7 +6,8 @@ appearance, stable across engines fed the same prompts); ``report()`` returns th
 drafter's idle-skip counters, and how many steps vLLM's rejection sampler verified, by the
 step's deepest draft (``max_spec_len``).  For a DFlash drafter it also keeps every context write
 (``[positions, slots, sum of the context states]`` per call) and counts the drafter's forwards
-(its attention metadata is built once per forward).
+(its attention metadata is built once per forward).  It counts the steps sampled with the
+runner's speculative config off (``plain_step``), and the steps that began with it still off.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _skip_state: Any = None
 _rejection_steps: dict[int, int] = {}
 _contexts: list[list[Any]] = []
 _forwards = [0]
+_plain = {"steps": 0, "left_off": 0}
 
 
 def install() -> None:
@@ -56,6 +58,21 @@ def install() -> None:
         return verify(self, metadata, *args, **kwargs)
 
     RejectionSampler.forward = forward
+    sample, execute = GPUModelRunner.sample_tokens, GPUModelRunner.execute_model
+
+    @functools.wraps(sample)
+    def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.execute_model_state is not None and self.speculative_config is None:
+            _plain["steps"] += 1
+        return sample(self, *args, **kwargs)
+
+    @functools.wraps(execute)
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _plain["left_off"] += self.speculative_config is None  # a step before this one did not restore it
+        return execute(self, *args, **kwargs)
+
+    GPUModelRunner.execute_model = execute_model
+    GPUModelRunner.sample_tokens = sample_tokens
     _install_dflash()
 
 
@@ -89,4 +106,4 @@ def report() -> dict[str, Any]:
                                        "caught_up_positions": state.lag.caught_up_positions,
                                        "lost_positions": state.lost_positions}
     return {"proposals": _proposals, "skip": skip, "rejection_steps": dict(_rejection_steps),
-            "dflash_contexts": _contexts, "dflash_forwards": _forwards[0]}
+            "dflash_contexts": _contexts, "dflash_forwards": _forwards[0], "plain_steps": dict(_plain)}

@@ -85,7 +85,7 @@ class DrafterSkip:
 
     def __init__(self, runner: Any, lag: DrafterLag | None = None, buffer: int | None = None,
                  per_row: int = 0) -> None:
-        self.lag = lag or DrafterLag()
+        self.lag = lag if lag is not None else DrafterLag()  # (an empty lag is falsy)
         self.runner = weakref.ref(runner)
         self.lost_positions = 0  # catch-ups that did not fit the drafter's buffer
         self.buffer = buffer
