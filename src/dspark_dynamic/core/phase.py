@@ -259,6 +259,9 @@ class RequestPhase:
         n = len(output_token_ids)
         done = self.consumed
         if n > done:
+            if rules.marker_ids.isdisjoint(output_token_ids[done:n]):
+                self.consumed = n  # a marker ends on a marker id: none among the new tokens
+                return self.phase
             lookback = rules.lookback
             if not lookback:
                 found = rules.last_phase(output_token_ids[done:n])
