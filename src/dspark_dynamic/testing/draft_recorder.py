@@ -68,7 +68,8 @@ def install() -> None:
 
     @functools.wraps(execute)
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _plain["left_off"] += self.speculative_config is None  # a step before this one did not restore it
+        if hasattr(self, "drafter"):  # a speculative runner: a step before this one did not restore it
+            _plain["left_off"] += self.speculative_config is None
         return execute(self, *args, **kwargs)
 
     GPUModelRunner.execute_model = execute_model

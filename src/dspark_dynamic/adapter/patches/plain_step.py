@@ -5,8 +5,8 @@ With speculative decoding configured, vLLM's runner takes its speculative branch
 step: spec-decode metadata for zero drafts, the drafter's attention metadata, the drafting step
 (next tokens, then the proposer, which ``drafter_skip`` cuts short), the KV connector's deferred
 finish.  A step in which no request has a draft and the drafter is asked for none, and whose
-drafter ``drafter_skip`` lets idle, needs none of them; on the testbed they cost ~0.08 ms of a
-3.3 ms step.
+drafter ``drafter_skip`` lets idle, needs none of them; on the testbed they cost ~0.04 ms of a
+3.3 ms step (``scripts/profile_depth0.py --timers``).
 
 ``GPUModelRunner._prepare_inputs`` (wrapped): on such a step (``scheduled_spec_decode_tokens``
 empty, ``num_spec_tokens_to_schedule == 0``, the drafter's ``DrafterSkip.try_skip`` allows it
