@@ -93,11 +93,15 @@ class DrafterSkip:
 
     def rows(self, cad: Any) -> list[Row]:
         """The step's rows, from host data (the batch's computed tokens, the query start offsets)."""
-        batch = cad.num_reqs
+        qsl = cad.query_start_loc_cpu.numpy()[: cad.num_reqs + 1].tolist()
+        return self.rows_of([b - a for a, b in zip(qsl, qsl[1:])])
+
+    def rows_of(self, lengths: list[int]) -> list[Row]:
+        """The rows of the batch's first ``len(lengths)`` requests with these query lengths (their
+        starts: the runner's computed tokens)."""
         input_batch = self.runner().input_batch
-        starts = input_batch.num_computed_tokens_cpu[:batch].tolist()
-        qsl = cad.query_start_loc_cpu.numpy()[: batch + 1].tolist()
-        return [Row(req_id, starts[i], qsl[i + 1] - qsl[i]) for i, req_id in enumerate(input_batch.req_ids[:batch])]
+        starts = input_batch.num_computed_tokens_cpu[: len(lengths)].tolist()
+        return [Row(req_id, start, n) for req_id, start, n in zip(input_batch.req_ids, starts, lengths)]
 
     def try_skip(self, cad: Any, rows: list[Row] | None = None) -> bool:
         """A step that drafts nothing: skip the drafter if no request would lag too far."""

@@ -34,7 +34,6 @@ from typing import Any
 from dspark_dynamic.adapter.fail_open import FailOpen
 from dspark_dynamic.adapter.patches.drafter_skip import ATTR as SKIP_ATTR
 from dspark_dynamic.adapter.patching import Patch, Where
-from dspark_dynamic.core.drafter_lag import Row
 
 logger = logging.getLogger("vllm.dspark_dynamic")
 
@@ -90,12 +89,7 @@ def goes_plain(runner: Any, scheduler_output: Any, num_scheduled_tokens: Any) ->
     skip = getattr(runner.drafter, "__dict__", {}).get(SKIP_ATTR)
     if skip is None:  # detached after a fault
         return False
-    batch = runner.input_batch
-    n = batch.num_reqs
-    starts = batch.num_computed_tokens_cpu[:n].tolist()
-    queries = num_scheduled_tokens[:n].tolist()
-    rows = [Row(req_id, starts[i], queries[i]) for i, req_id in enumerate(batch.req_ids[:n])]
-    return skip.try_skip(None, rows)
+    return skip.try_skip(None, skip.rows_of(num_scheduled_tokens[: runner.input_batch.num_reqs].tolist()))
 
 
 def _prepare_inputs(original):
