@@ -13,6 +13,7 @@ one for the controlled settings.
     python scripts/bench_wallclock.py --shape narrow  # 32 experts x 4096, top-4 (a cheaper verify)
     python scripts/bench_wallclock.py --drafter dflash  # a parallel drafter (DSpark's cost shape)
     python scripts/bench_wallclock.py --concurrency 4   # 4 requests in flight, starts staggered
+    python scripts/bench_wallclock.py --epochs 4        # the rounds split over 4 sets of fresh engines
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def main() -> int:
                     help="draft_model: sequential (a forward per position); dflash: parallel (one pass, DSpark's shape)")
     ap.add_argument("--concurrency", type=int, default=1,
                     help="requests in flight per engine (N > 1: a closed loop, starts staggered)")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="fresh engines this many times, in the reverse start order every other time "
+                         "(a process's speed and start position then do not ride on one setting)")
     ap.add_argument("--json", help="write the result (per-round data, summary, traces) here")
     ap.add_argument("--plot", help="write a PNG: tok/s per policy and phase, per-request timelines")
     CostModel.add_arguments(ap)
@@ -51,7 +55,7 @@ def main() -> int:
     print(f"vLLM {require_vllm()}; testbed: MoE target ({args.shape} shape) + {args.drafter} drafter "
           f"(built locally, cached); concurrency {args.concurrency}")
     result = run_wallclock(settings, args.rounds, args.requests, args.warmup, shape=SHAPES[args.shape],
-                           drafter=args.drafter, concurrency=args.concurrency)
+                           drafter=args.drafter, concurrency=args.concurrency, epochs=args.epochs)
     cost = CostModel.from_arguments(args)
     print(format_report(result, cost))
     if args.calibrate:
@@ -61,7 +65,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": result.settings, "shape": args.shape, "drafter": args.drafter,
-                       "concurrency": args.concurrency, "rounds": result.rounds,
+                       "concurrency": args.concurrency, "epochs": args.epochs, "rounds": result.rounds,
                        "summary": result.summary(), "traces": result.traces}, f, indent=1)
     if args.plot:
         from dspark_dynamic.tools.plots import plot_wallclock

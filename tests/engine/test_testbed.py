@@ -59,15 +59,27 @@ def test_the_drafter_drafts_only_what_will_be_verified(engine, testbed, tmp_path
 def test_wallclock_harness_smoke():
     from dspark_dynamic.testing.wallclock import format_report, run_wallclock
 
-    result = run_wallclock(("fixed k=0", "phase 1/2"), rounds=1, requests=1, warmup=0, log=lambda _: None)
+    logged: list[str] = []
+    # two epochs of one round each: fresh engines, started in the reverse order the second time
+    result = run_wallclock(("fixed k=0", "phase 1/2"), rounds=2, requests=1, warmup=0, log=logged.append, epochs=2)
+    starts = [line for line in logged if line.startswith("starting")]
+    assert len(starts) == 2 and starts[0].endswith("fixed k=0, phase 1/2 ...") and starts[1].endswith(
+        "phase 1/2, fixed k=0 ...")
     assert result.checks["outputs_identical_to_plain"]
     assert result.checks["phase 1/2: counts equal vLLM's"]
+    ours, theirs = result.checks["phase 1/2: counts (steps, verified, accepted) ours / vLLM"]
+    phases = result.checks["phase 1/2: phases"]
+    assert ours == theirs and ours[0] == sum(p["steps"] for p in phases.values())
+    # both epochs' requests are counted: the two engines' counts, added (a request's first token
+    # comes from its prefill, not from a decode step)
+    assert sum(p["tokens"] for p in phases.values()) == 2 * (len(EXPECTED) - 1)
     summary = result.summary()
     assert set(summary["tok_per_s"]) == {"fixed k=0", "phase 1/2"}
+    assert len(result.rounds) == 2
     for name in ("fixed k=0", "phase 1/2"):
-        m = result.rounds[0][name]
-        assert sum(m["tokens"].values()) == len(EXPECTED)
-        assert m["tokens"]["reasoning"] == TESTBED_SCRIPT.reasoning_len + 1  # through </think>
+        for m in (r[name] for r in result.rounds):
+            assert sum(m["tokens"].values()) == len(EXPECTED)
+            assert m["tokens"]["reasoning"] == TESTBED_SCRIPT.reasoning_len + 1  # through </think>
     assert summary["tok_per_s"]["phase 1/2"]["reasoning"]["median"] > 0
     assert "phase 1/2" in result.traces
     assert "paired ratios" in format_report(result)

@@ -190,64 +190,39 @@ class WallclockResult:
 
 def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12, requests: int = 2,
                   warmup: int = 1, log: Any = print, trace_dir: Path | None = None,
-                  shape: MoEShape = MoEShape(), drafter: str = "draft_model", concurrency: int = 1) -> WallclockResult:
+                  shape: MoEShape = MoEShape(), drafter: str = "draft_model", concurrency: int = 1,
+                  epochs: int = 1) -> WallclockResult:
     """Start every setting's engine, then run interleaved rounds; returns the measured result.
 
     ``concurrency`` 1: each of a round's ``requests`` turns runs one request per setting.  N > 1:
     each turn runs ``PER_SLOT * N`` requests per setting in a closed loop with N in flight, the
     first N started a ``1/N`` of a request's length apart (so steps mix reasoning and answering
-    requests)."""
+    requests).
+
+    ``epochs`` E > 1: the rounds are split over E sets of fresh engines, started in the settings'
+    order in even epochs and in the reverse order in odd ones, each with its own ``warmup``
+    rounds; a process's speed and its place in the start order then change from epoch to epoch
+    instead of riding on one setting for the whole run.  The checks add up the epochs' counts."""
+    if epochs < 1 or epochs > rounds:
+        raise ValueError(f"epochs must be in 1..rounds ({rounds}); got {epochs}")
     tmp = None
     if trace_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="wallclock-")
         trace_dir = Path(tmp.name)
-    end_id = TESTBED_SCRIPT.vocab()["</think>"]
-    expected = TESTBED_SCRIPT.expected_output(thinking=True)
-    prompt = prompt_ids(TESTBED_SCRIPT, thinking=True)
-    max_tokens = len(expected) + 10
-    per_turn = 1 if concurrency <= 1 else PER_SLOT * concurrency
-    stagger = len(expected) // max(1, concurrency) if concurrency > 1 else 0
     result = WallclockResult(list(settings), concurrency=concurrency)
+    wrong: dict[str, int] = {}
     try:
-        log(f"starting {len(settings)} engines side by side: {', '.join(settings)} ...")
-        with EnginePool(engine_specs(tuple(settings), trace_dir, shape, drafter), ballast=BALLAST) as pool:
-            wrong: dict[str, int] = {}
-            for r in track(range(warmup + rounds), "wall-clock rounds", "round", status=lambda: ratios_so_far(result)):
-                measures = {name: {"tokens": {p: 0 for p in PHASES}, "seconds": {p: 0.0 for p in PHASES}, "steps": 0}
-                            for name in settings}
-                for rep in range(requests):  # one request per setting at a time, order rotated
-                    for name in rotation(list(settings), r * requests + rep):
-                        timing = pool.run(name, prompt, max_tokens, end_id, requests=per_turn,
-                                          concurrency=concurrency, stagger=stagger)
-                        bad = sum(1 for out in timing.outputs if out != expected)
-                        if bad or len(timing.outputs) != per_turn:
-                            wrong[name] = wrong.get(name, 0) + max(bad, 1)
-                        m = measures[name]
-                        for p in PHASES:
-                            m["tokens"][p] += timing.tokens[p]
-                            m["seconds"][p] += timing.seconds[p]
-                        m["steps"] += timing.steps
-                if r >= warmup:
-                    result.rounds.append(measures)
-                    line = "  ".join(f"{n} {sum(m['tokens'].values()) / sum(m['seconds'].values()):.1f}"
-                                     for n, m in measures.items())
-                    log(f"round {r - warmup + 1}/{rounds}: tok/s {line}")
-            result.checks["outputs_identical_to_plain"] = not wrong
-            result.checks["wrong_outputs"] = wrong
-            for name in settings:
-                if controlled(name):
-                    c = pool.counters(name)
-                    phases, v = c["phases"], c["vllm"]
-                    ours = tuple(sum(p[key] for p in phases.values()) for key in ("steps", "verified", "accepted"))
-                    theirs = (v["vllm:spec_decode_num_drafts"], v["vllm:spec_decode_num_draft_tokens"],
-                              v["vllm:spec_decode_num_accepted_tokens"])
-                    result.checks[f"{name}: counts (steps, verified, accepted) ours / vLLM"] = [ours, theirs]
-                    result.checks[f"{name}: counts equal vLLM's"] = ours == theirs
-                    result.checks[f"{name}: phases"] = phases
-                    if c.get("confidence"):
-                        result.checks[f"{name}: confidence"] = c["confidence"]
-                    if c.get("estimate"):  # the live estimate at the end of the run
-                        result.checks[f"{name}: estimate"] = c["estimate"]
+        played = 0  # rounds run so far, warm-up included (the rotation carries on across epochs)
+        for epoch in range(epochs):
+            order = tuple(settings) if epoch % 2 == 0 else tuple(reversed(settings))
+            measured = rounds // epochs + (1 if epoch < rounds % epochs else 0)
+            where = f" (epoch {epoch + 1}/{epochs})" if epochs > 1 else ""
+            log(f"starting {len(order)} engines side by side{where}: {', '.join(order)} ...")
+            with EnginePool(engine_specs(order, trace_dir, shape, drafter), ballast=BALLAST) as pool:
+                played = _run_rounds(pool, result, wrong, warmup, measured, requests, concurrency, played, log)
+                _add_checks(pool, result)
+        result.checks["outputs_identical_to_plain"] = not wrong
+        result.checks["wrong_outputs"] = wrong
         for name in settings:
             if controlled(name):
                 path = trace_file(trace_dir, name)
@@ -257,6 +232,75 @@ def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12
         if tmp is not None:
             tmp.cleanup()
     return result
+
+
+def _run_rounds(pool: EnginePool, result: WallclockResult, wrong: dict[str, int], warmup: int, rounds: int,
+                requests: int, concurrency: int, played: int, log: Any) -> int:
+    """``warmup`` dropped rounds, then ``rounds`` measured ones, appended to ``result``; returns
+    the rounds played in all so far (``played`` before)."""
+    settings = result.settings
+    end_id = TESTBED_SCRIPT.vocab()["</think>"]
+    expected = TESTBED_SCRIPT.expected_output(thinking=True)
+    prompt = prompt_ids(TESTBED_SCRIPT, thinking=True)
+    max_tokens = len(expected) + 10
+    per_turn = 1 if concurrency <= 1 else PER_SLOT * concurrency
+    stagger = len(expected) // max(1, concurrency) if concurrency > 1 else 0
+    for r in track(range(warmup + rounds), "wall-clock rounds", "round", status=lambda: ratios_so_far(result)):
+        measures = {name: {"tokens": {p: 0 for p in PHASES}, "seconds": {p: 0.0 for p in PHASES}, "steps": 0}
+                    for name in settings}
+        for rep in range(requests):  # one request per setting at a time, order rotated
+            for name in rotation(list(settings), (played + r) * requests + rep):
+                timing = pool.run(name, prompt, max_tokens, end_id, requests=per_turn,
+                                  concurrency=concurrency, stagger=stagger)
+                bad = sum(1 for out in timing.outputs if out != expected)
+                if bad or len(timing.outputs) != per_turn:
+                    wrong[name] = wrong.get(name, 0) + max(bad, 1)
+                m = measures[name]
+                for p in PHASES:
+                    m["tokens"][p] += timing.tokens[p]
+                    m["seconds"][p] += timing.seconds[p]
+                m["steps"] += timing.steps
+        if r >= warmup:
+            result.rounds.append(measures)
+            line = "  ".join(f"{n} {sum(m['tokens'].values()) / sum(m['seconds'].values()):.1f}"
+                             for n, m in measures.items())
+            log(f"round {len(result.rounds)}: tok/s {line}")
+    return played + warmup + rounds
+
+
+def _add_checks(pool: EnginePool, result: WallclockResult) -> None:
+    """The controlled engines' per-phase counts against vLLM's, added to those of earlier epochs
+    (the confidence report and the live estimate: the latest epoch's)."""
+    checks = result.checks
+    for name in result.settings:
+        if not controlled(name):
+            continue
+        c = pool.counters(name)
+        phases, v = c["phases"], c["vllm"]
+        ours = [sum(p[key] for p in phases.values()) for key in ("steps", "verified", "accepted")]
+        theirs = [v["vllm:spec_decode_num_drafts"], v["vllm:spec_decode_num_draft_tokens"],
+                  v["vllm:spec_decode_num_accepted_tokens"]]
+        counts_key = f"{name}: counts (steps, verified, accepted) ours / vLLM"
+        equal_key = f"{name}: counts equal vLLM's"
+        before = checks.get(counts_key)
+        checks[equal_key] = checks.get(equal_key, True) and ours == theirs
+        checks[counts_key] = [ours, theirs] if before is None else [_added(before[0], ours), _added(before[1], theirs)]
+        checks[f"{name}: phases"] = _added(checks.get(f"{name}: phases"), phases)
+        if c.get("confidence"):
+            checks[f"{name}: confidence"] = c["confidence"]
+        if c.get("estimate"):  # the live estimate at the end of the run
+            checks[f"{name}: estimate"] = c["estimate"]
+
+
+def _added(a: Any, b: Any) -> Any:
+    """``b`` added to ``a`` key by key and item by item (numbers summed; ``a`` None: ``b``)."""
+    if a is None:
+        return b
+    if isinstance(b, dict):
+        return {k: _added(a.get(k), v) for k, v in b.items()} | {k: v for k, v in a.items() if k not in b}
+    if isinstance(b, list):
+        return [_added(a[i] if i < len(a) else None, b[i]) if i < len(b) else a[i] for i in range(max(len(a), len(b)))]
+    return a + b
 
 
 def modeled(result: WallclockResult, cost: CostModel) -> dict[str, float]:
