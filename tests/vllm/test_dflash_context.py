@@ -112,3 +112,87 @@ def test_vllms_own_errors_pass_through_once_and_leave_the_plugin_attached():
         wrapped(proposer, 2, torch.arange(5), torch.arange(5), torch.ones(5, 4), torch.zeros(3, dtype=torch.int64),
                 None, cad, None)
     assert proposer.calls == ["vllm K=2"] and GUARD.errors == before
+
+
+class Holding(Recorder):
+    """A proposer with the buffers ``set_inputs_first_pass`` fills and a model whose context
+    writer records what it is given: the context is held back."""
+
+    def __init__(self, slots=(10, 11, 12, 13, 14), **kwargs):
+        super().__init__(**kwargs)
+        self.next_slots = list(slots)
+        self.written = []
+        recorder = self
+        self.model.precompute_and_store_context_kv = lambda states, positions, slots: recorder.written.append(
+            (states.clone(), positions.tolist(), slots.tolist()))
+        self._context_positions_buffer = torch.zeros(16, dtype=torch.int64)
+        self._context_slot_mapping_buffer = torch.zeros(16, dtype=torch.int64)
+
+    def set_inputs_first_pass(self, **kwargs):
+        n = kwargs["target_positions"].shape[0]
+        self._dflash_num_context = n
+        self._context_positions_buffer[:n] = kwargs["target_positions"]
+        self._context_slot_mapping_buffer[:n] = torch.tensor(self.next_slots[:n])
+        return super().set_inputs_first_pass(**kwargs)
+
+
+def call_with(proposer, k, positions, states):
+    cad = SimpleNamespace(batch_size=lambda: 3)
+    return propose(proposer, k, positions, positions, states, torch.zeros(3, dtype=torch.int64), None, cad, None)
+
+
+def test_idle_steps_hold_their_context_and_the_next_forward_writes_it_first_in_step_order():
+    proposer = Holding()
+    first, second = torch.ones(5, 4), torch.full((5, 4), 3.0)
+    call_with(proposer, 0, torch.arange(5), first)
+    proposer.next_slots = [15, 16, 17, 18, 19]
+    out = call_with(proposer, 0, torch.arange(5, 10), second)
+    assert out.shape == (3, 0)
+    assert proposer.calls == ["set_inputs", "set_inputs"] and proposer.written == []  # nothing written yet
+    assert call_with(proposer, 2, torch.arange(10, 15), first) == "vllm's drafts"
+    assert proposer.calls[-2:] == ["combine", "vllm K=2"]  # the held context before vLLM's propose
+    (states, positions, slots), = proposer.written
+    assert positions == list(range(10)) and slots == list(range(10, 20))
+    assert torch.equal(states, torch.cat([first, second]) * 2)  # combined, as vLLM combines them
+    call_with(proposer, 2, torch.arange(15, 20), first)
+    assert len(proposer.written) == 1  # nothing held: nothing more written
+
+
+def test_a_slot_held_twice_keeps_its_later_row():
+    proposer = Holding(slots=[10, 11, 12, 13, 14])
+    call_with(proposer, 0, torch.arange(5), torch.ones(5, 4))
+    proposer.next_slots = [13, 14, 15, 16, 17]  # slots 13 and 14 written again (rejected positions redone)
+    call_with(proposer, 0, torch.arange(3, 8), torch.arange(20.0).reshape(5, 4))
+    call_with(proposer, 1, torch.arange(8, 13), torch.ones(5, 4))
+    (states, positions, slots), = proposer.written
+    assert slots == [10, 11, 12, 13, 14, 15, 16, 17] and positions == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert torch.equal(states[3:], torch.arange(20.0).reshape(5, 4) * 2)  # slot 13's row is the later one
+
+
+def test_the_held_context_is_written_once_it_reaches_its_bound(monkeypatch):
+    monkeypatch.setattr(dflash_context, "HOLD_TOKENS", 8)
+    proposer = Holding(slots=range(100))
+    call_with(proposer, 0, torch.arange(5), torch.ones(5, 4))
+    assert proposer.written == []
+    call_with(proposer, 0, torch.arange(5, 10), torch.ones(5, 4))
+    assert len(proposer.written) == 1 and proposer.__dict__[dflash_context.HELD].rows == 0
+
+
+def test_a_fault_writing_the_held_context_runs_vllms_propose_and_holds_nothing_more():
+    proposer, before = Holding(), GUARD.errors
+    call_with(proposer, 0, torch.arange(5), torch.ones(5, 4))
+    proposer.fail_at = "combine"
+    assert call_with(proposer, 2, torch.arange(5, 10), torch.ones(5, 4)) == "vllm's drafts"
+    assert GUARD.errors == before + 1 and proposer.__dict__[ATTR] is None
+    assert proposer.__dict__[dflash_context.HELD] is None
+    proposer.calls.clear()
+    assert call_with(proposer, 0, torch.arange(10, 15), torch.ones(5, 4)) == "vllm's drafts"
+    assert proposer.calls == ["vllm K=0"]
+
+
+def test_with_a_kv_connector_each_idle_step_writes_its_context_at_once():
+    proposer = Holding()
+    proposer.vllm_config.kv_transfer_config = SimpleNamespace(kv_connector="SomeConnector")
+    call_with(proposer, 0, torch.arange(5), torch.ones(5, 4))
+    assert proposer.calls == ["combine", "set_inputs", "context"]  # vLLM's own write, this step
+    assert proposer.__dict__[dflash_context.HELD] is None and proposer.__dict__[ATTR] is True

@@ -11,11 +11,18 @@ the target has not processed yet, and the next step's context overwrites them th
 query reads them.
 
 ``DFlashProposer.propose`` (wrapped; the class inherits ``SpecDecodeBaseProposer.propose``): at
-``num_speculative_tokens == 0``, run vLLM's own ``combine_hidden_states``,
-``set_inputs_first_pass`` and ``build_model_inputs_first_pass`` (which writes the context), then
-return what vLLM's K = 0 path returns (no drafts), without the attention metadata, the forward
-or the logits.  The drafter's cache is then exactly what vLLM's path leaves; drafts and output
-are unchanged.
+``num_speculative_tokens == 0``, run vLLM's own ``set_inputs_first_pass`` (the context's
+positions and slots), then return what vLLM's K = 0 path returns (no drafts), without the
+attention metadata, the forward or the logits.  The context itself is held back
+(``HeldContext``): the target's hidden states, positions and slots of each idle step, written in
+one batch by vLLM's own ``combine_hidden_states`` and ``precompute_and_store_context_kv``
+before the drafter's next forward (a drafting step's propose) or once ``HOLD_TOKENS`` are
+held.  Both are row by row (a projection, norms, RoPE at the row's position, a write to its
+slot), and a slot written twice keeps its later row, so the cache the next forward reads is
+the one vLLM's step-by-step writes leave; drafts and output are unchanged.  Where this vLLM's
+proposer lacks the buffers the hold reads, or a KV connector may save or send the drafter's
+cache after any step, each idle step writes its context at once (``build_model_inputs_first_pass``,
+as vLLM does).
 
 Limits: not under data parallel (every rank's drafter forward takes part in one cross-rank
 padding exchange, so one rank may not skip it alone).  Model Runner V2 (vLLM 0.34, DSpark on
@@ -43,6 +50,15 @@ ATTR = "_dspark_dynamic_dflash_context"  # on a proposer: True when it skips idl
 # the proposer
 MODEL_NEEDS = ("combine_hidden_states",)
 PROPOSER_NEEDS = ("set_inputs_first_pass", "build_model_inputs_first_pass")
+# what holding the context reads: the context's position and slot buffers, as
+# ``set_inputs_first_pass`` leaves them for ``build_model_inputs_first_pass`` (with the context's
+# size, ``_dflash_num_context``, which it sets on its first call); the model's writer
+HOLD_NEEDS = ("_context_positions_buffer", "_context_slot_mapping_buffer")
+HOLD_MODEL_NEEDS = ("precompute_and_store_context_kv",)
+HELD = "_dspark_dynamic_held_context"  # on a proposer: its ``HeldContext`` (None: written at once)
+# Context rows held before they are written anyway (speed: one batched write instead of one per
+# idle step; memory: this many rows of the target's hidden states; not a policy constant)
+HOLD_TOKENS = 256
 
 GUARD = FailOpen(ATTR, fallback="this DFlash drafter runs its forward on every step (vLLM's own behaviour)")
 
@@ -73,9 +89,52 @@ def _enabled(proposer: Any) -> bool:
         logger.info("dspark_dynamic: the DFlash drafter's forward runs on every step (%s)", why_not)
         return False
     proposer.__dict__[ATTR] = True
-    logger.info("dspark_dynamic: %s writes only its context on steps that draft nothing (no forward)",
-                type(proposer).__name__)
+    # not with a KV connector: it may save or send the drafter's cache at the end of any step
+    holds = (getattr(proposer.vllm_config, "kv_transfer_config", None) is None
+             and all(hasattr(proposer, name) for name in HOLD_NEEDS)
+             and all(callable(getattr(proposer.model, name, None)) for name in HOLD_MODEL_NEEDS))
+    proposer.__dict__[HELD] = HeldContext() if holds else None
+    logger.info("dspark_dynamic: %s writes only its context on steps that draft nothing (no forward; %s)",
+                type(proposer).__name__,
+                "the context written in batches before its next forward" if holds else "the context written at once")
     return True
+
+
+class HeldContext:
+    """Context rows of idle steps not yet in the drafter's cache: per step, the target's hidden
+    states (before ``combine_hidden_states``), positions and slots, in step order.
+
+    ``write`` puts them in with one call of the model's own writer; where a slot was held twice,
+    only its later row is written (what step-by-step writes leave there)."""
+
+    def __init__(self) -> None:
+        self.states: list[Any] = []
+        self.positions: list[Any] = []
+        self.slots: list[Any] = []
+        self.rows = 0
+
+    def hold(self, states: Any, positions: Any, slots: Any) -> None:
+        # copies: the proposer's buffers (and the runner's, on some paths) are reused next step
+        self.states.append(states.clone())
+        self.positions.append(positions.clone())
+        self.slots.append(slots.clone())
+        self.rows += int(positions.shape[0])
+
+    def write(self, proposer: Any) -> None:
+        if not self.rows:
+            return
+        import torch
+
+        states, positions, slots = (torch.cat(x) if len(x) > 1 else x[0] for x in (self.states, self.positions, self.slots))
+        self.states, self.positions, self.slots, self.rows = [], [], [], 0
+        unique, inverse = torch.unique(slots, return_inverse=True)
+        if unique.shape[0] < slots.shape[0]:  # a slot held twice: its later row only, rows in step order
+            order = torch.arange(slots.shape[0], device=slots.device)
+            last = torch.full_like(unique, -1, dtype=order.dtype).scatter_reduce_(0, inverse, order, reduce="amax")
+            keep = torch.sort(last).values
+            states, positions, slots = states[keep], positions[keep], slots[keep]
+        model = proposer.model
+        model.precompute_and_store_context_kv(model.combine_hidden_states(states), positions, slots)
 
 
 # the propose arguments the context-only pass reads (vLLM's names)
@@ -90,7 +149,11 @@ def context_only(proposer: Any, arguments: dict[str, Any]) -> Any:
     cad = arguments["common_attn_metadata"]
     proposer.num_speculative_tokens = 0
     proposer._last_draft_probs = None
-    hidden = proposer.model.combine_hidden_states(arguments["target_hidden_states"])
+    held = proposer.__dict__.get(HELD)
+    states = arguments["target_hidden_states"]
+    # held: the states are combined when written (set_inputs_first_pass only keeps them for
+    # build_model_inputs_first_pass, which is not called then)
+    hidden = states if held is not None else proposer.model.combine_hidden_states(states)
     num_tokens, _indices, _cad = proposer.set_inputs_first_pass(
         target_token_ids=arguments["target_token_ids"],
         next_token_ids=arguments["next_token_ids"],
@@ -100,7 +163,13 @@ def context_only(proposer: Any, arguments: dict[str, Any]) -> Any:
         cad=cad,
         num_rejected_tokens_gpu=arguments.get("num_rejected_tokens_gpu"),
     )
-    proposer.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # writes the context
+    if held is None:
+        proposer.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # writes the context
+    else:
+        n = proposer._dflash_num_context
+        held.hold(states[:n], proposer._context_positions_buffer[:n], proposer._context_slot_mapping_buffer[:n])
+        if held.rows >= HOLD_TOKENS:
+            held.write(proposer)
     device = arguments["next_token_ids"].device
     return torch.empty(cad.batch_size(), 0, device=device, dtype=torch.int64)
 
@@ -118,14 +187,19 @@ def _propose(original):
     def propose(self, *args: Any, **kwargs: Any):
         result = None
         try:
-            if read_k(args, kwargs) == 0 and _enabled(self):
+            k = read_k(args, kwargs)
+            held = self.__dict__.get(HELD)
+            if k and held is not None and held.rows:  # the idle steps' context, before the forward reads it
+                held.write(self)
+            if k == 0 and _enabled(self):
                 arguments = {name: read(args, kwargs) for name, read in readers.items()}
                 try:
                     arguments["num_rejected_tokens_gpu"] = read_rejected(args, kwargs)
                 except (IndexError, KeyError):  # a default argument left out
                     arguments["num_rejected_tokens_gpu"] = None
                 result = context_only(self, arguments)
-        except Exception as exc:  # nothing lasting happened before the context write: vLLM redoes it
+        except Exception as exc:  # vLLM redoes this step's context; a held one not written is lost
+            self.__dict__[HELD] = None
             GUARD.trip(self, where, exc)
         return original(self, *args, **kwargs) if result is None else result
 
