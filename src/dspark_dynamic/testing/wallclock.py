@@ -282,9 +282,8 @@ def _add_checks(pool: EnginePool, result: WallclockResult) -> None:
                   v["vllm:spec_decode_num_accepted_tokens"]]
         counts_key = f"{name}: counts (steps, verified, accepted) ours / vLLM"
         equal_key = f"{name}: counts equal vLLM's"
-        before = checks.get(counts_key)
         checks[equal_key] = checks.get(equal_key, True) and ours == theirs
-        checks[counts_key] = [ours, theirs] if before is None else [_added(before[0], ours), _added(before[1], theirs)]
+        checks[counts_key] = _added(checks.get(counts_key), [ours, theirs])
         checks[f"{name}: phases"] = _added(checks.get(f"{name}: phases"), phases)
         if c.get("confidence"):
             checks[f"{name}: confidence"] = c["confidence"]
