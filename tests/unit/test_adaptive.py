@@ -195,6 +195,38 @@ def test_a_fresh_request_of_a_streaky_phase_is_probed_until_its_own_record_says(
     assert probes["independent"] < probes["streaky"] / 3
 
 
+def test_a_requests_own_draw_holds_until_it_observes_so_the_gate_verifies_what_the_plan_drafted(monkeypatch):
+    """Where outcomes persist, a request's own acceptance is drawn once per draw period: every
+    step's plan and the next step's gate read the same draw (one ``sample_offsets``) until the
+    request observes outcomes, which draws it again."""
+    rng = random.Random(5)
+    p = policy()
+    learn_machine(p, machine_ms, rng=rng)
+    easy = True
+    for i in range(600):
+        if i % 60 == 0:
+            easy = not easy
+        p.observe(R, 1, 1 if rng.random() < (0.97 if easy else 0.03) else 0, "old")
+    assert p.persistence[R].predict_one() > 0.6
+    draws = []
+    sample = acceptance.RequestRecord.sample_offsets
+    monkeypatch.setattr(acceptance.RequestRecord, "sample_offsets",
+                        lambda self, *a: draws.append(sample(self, *a)) or draws[-1])
+    p.begin_step()  # the first step of a draw period (the costs were just solved): three more hold it
+    p.plan([(R, "new")])
+    for _ in range(3):
+        p.begin_step()
+        p.gate([(R, "new", None, 2)])
+        p.plan([(R, "new")])
+    assert len(draws) == 1
+    p.observe(R, 2, 1, "new")  # what it showed is drawn with at once, within the same period
+    p.gate([(R, "new", None, 2)])
+    assert len(draws) == 2
+    p.begin_step()  # a new period: a new draw
+    p.plan([(R, "new")])
+    assert len(draws) == 3
+
+
 def test_gate_admits_confident_drafts_and_skips_doubtful_ones():
     p = policy(learn_cost=False)
     p.min_labels = 0

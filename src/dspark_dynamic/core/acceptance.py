@@ -28,7 +28,6 @@ a sample is the mean when the posterior is a point (``prior_weight`` 0 and no de
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
 from collections import deque
@@ -250,56 +249,59 @@ def expected_tokens(rates: list[float], k: int) -> float:
 
 class GateSample:
     """A phase's last ``RESERVOIR`` gated drafts (see the module docstring): each draft's
-    calibrated log-odds per position (offset-free), and per position their survivals, sorted,
-    so ``gated`` prices a position in ``O(log RESERVOIR)``."""
+    calibrated log-odds per position (offset-free) and its survivals.  Per position, the
+    survivals of the drafts that reached it are ordered when first read after a change
+    (``learn_one``, once per gated request-step, only appends); ``gated`` then reads them from
+    the largest down, in ``O(RESERVOIR)``."""
 
-    __slots__ = ("entries", "sorted", "_sums")
+    __slots__ = ("entries", "positions", "_descending")
 
     def __init__(self, positions: int) -> None:
-        self.entries: deque[tuple[tuple[float, ...], tuple[float, ...]]] = deque()
-        self.sorted: list[list[float]] = [[] for _ in range(positions)]
-        self._sums: list[list[float] | None] = [None] * positions  # suffix sums of ``sorted``, lazily
+        self.entries: deque[tuple[tuple[float, ...], tuple[float, ...]]] = deque(maxlen=RESERVOIR)
+        self.positions = positions
+        self._descending: list[list[float]] | None = [[] for _ in range(positions)]
 
     def learn_one(self, logits: list[float]) -> None:
-        entries, sorted_, sums = self.entries, self.sorted, self._sums
-        if len(entries) == RESERVOIR:
-            _z, old = entries.popleft()
-            for j, v in enumerate(old):
-                ordered = sorted_[j]
-                del ordered[bisect.bisect_left(ordered, v)]
-                sums[j] = None
         surv, s = [], 1.0
-        for j, z in enumerate(logits[: len(sorted_)]):
+        for z in logits[: self.positions]:
             s *= 1.0 / (1.0 + math.exp(-z)) if z >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(z))
             surv.append(s)
-            bisect.insort(sorted_[j], s)
-            sums[j] = None
-        entries.append((tuple(logits), tuple(surv)))
+        self.entries.append((tuple(logits), tuple(surv)))
+        self._descending = None
+
+    def _ordered(self) -> list[list[float]]:
+        ordered = self._descending
+        if ordered is None:
+            ordered = self._descending = [sorted([surv[j] for _z, surv in self.entries if len(surv) > j], reverse=True)
+                                          for j in range(self.positions)]
+        return ordered
+
+    @property
+    def sorted(self) -> list[list[float]]:
+        """Per position, the recent survivals that reached it, ascending."""
+        return [row[::-1] for row in self._ordered()]
 
     def count(self, position: int) -> int:
-        return len(self.sorted[position])
+        return len(self._ordered()[position])
 
     def gated(self, position: int, price: float) -> tuple[float, float]:
         """(``E[(s - price)^+]``, ``P(s > price)``) over the position's recent survivals."""
-        ordered = self.sorted[position]
-        n = len(ordered)
-        i = bisect.bisect_right(ordered, price)
-        if i == n:
+        ordered = self._ordered()[position]
+        total, above = 0.0, 0
+        for s in ordered:
+            if s <= price:
+                break
+            total += s
+            above += 1
+        if not above:
             return 0.0, 0.0
-        sums = self._sums[position]
-        if sums is None:
-            sums, acc = [0.0] * (n + 1), 0.0
-            for k in range(n - 1, -1, -1):
-                acc += ordered[k]
-                sums[k] = acc
-            self._sums[position] = sums
-        above = n - i
-        return (sums[i] - price * above) / n, above / n
+        n = len(ordered)
+        return (total - price * above) / n, above / n
 
     def mean(self, position: int) -> float | None:
         """The mean survival of the recent drafts that reached ``position`` (None with fewer than
         two): unconditional, since every draft the gate saw enters, verified or not."""
-        if len(self.sorted[position]) < 2:
+        if self.count(position) < 2:
             return None
         return self.gated(position, 0.0)[0]
 

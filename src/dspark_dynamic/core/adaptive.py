@@ -124,12 +124,12 @@ class AdaptivePolicy:
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
         self._draws: dict[Phase, _PhaseDraw] = {}  # this step's draw of each phase's rates
-        self._request_draws: dict[str | None, tuple[Phase, list[float], bool]] = {}  # ... of each request's
-        self._ready: dict[Phase, bool] = {}  # ``ready``, this step
+        self._request_draws: dict[str | None, tuple[Phase, list[float], bool, int]] = {}  # ... of each request's
+        self._ready: dict[Phase, bool] = {}  # the phases ``ready`` said true of
         self._steps = DRAW_EVERY  # steps since the last draw (the first step draws)
+        self._serial = 0  # request draws so far (names a draw in ``_plan_key``)
         self._solved = -1  # the cost model's solves at the last draw
-        # drafting depths decided under the current draw, by the batch's phases (for batches
-        # whose requests are all their phase's: nothing else enters the decision)
+        # drafting depths decided under the current draw, by ``_plan_key``
         self._plans: dict[tuple, int] = {}
         self._step_terms: dict[tuple[int, bool], tuple] = {}  # ``_terms`` by batch, this draw
         self._last_drafted = -1  # the drafter's depth in the previous step (-1: none seen)
@@ -157,8 +157,9 @@ class AdaptivePolicy:
     # -- the step's draws ---------------------------------------------------------------
 
     def begin_step(self) -> None:
-        """Draw the costs (and, lazily, each phase's rates) from the posteriors: every
-        ``DRAW_EVERY`` steps (a draw holds that long; a request's own draw is per step)."""
+        """Draw the costs (lazily: each phase's rates, each request's own) every ``DRAW_EVERY``
+        steps; a draw holds that long (a request's until it observes), so the gate verifies what
+        the plan drafted for."""
         self._steps += 1
         if self._steps >= DRAW_EVERY or self._solved != self.cost.solved:  # held, until a new posterior
             self._steps = 0
@@ -167,8 +168,7 @@ class AdaptivePolicy:
             self._draws.clear()
             self._plans.clear()
             self._step_terms.clear()
-        self._request_draws.clear()
-        self._ready.clear()
+            self._request_draws.clear()
 
     def _draw(self, phase: Phase) -> _PhaseDraw:
         """This step's draw of the phase's rates (once per phase and step)."""
@@ -187,17 +187,14 @@ class AdaptivePolicy:
         return self.calibrators is not None and self.confidence_seen
 
     def ready(self, phase: Phase) -> bool:
-        """The phase may leave its default: costs solved, and evidence of its own."""
-        known = self._ready.get(phase)
-        if known is None:
-            if not self.cost.known:
-                known = False
-            elif self._gating(phase):
-                known = self.calibrators[phase].report.labels >= self.min_labels
-            else:
-                known = self.rates[phase].observations >= self.prior_weight
-            self._ready[phase] = known
-        return known
+        """The phase may leave its default: costs solved, and evidence of its own (kept once true:
+        solves, labels and observations only grow; forgotten when gating starts)."""
+        if phase not in self._ready:
+            if not self.cost.known or not (self.calibrators[phase].report.labels >= self.min_labels if self._gating(phase)
+                                            else self.rates[phase].observations >= self.prior_weight):
+                return False
+            self._ready[phase] = True
+        return True
 
     def _terms(self, requests: int) -> tuple[tuple[float, float, float], list[float]]:
         """This draw's (base, verify, first) for ``requests``: seconds without verifying, per verified
@@ -223,8 +220,7 @@ class AdaptivePolicy:
     def plan(self, rows: list[tuple[Phase, str | None]]) -> list[int]:
         """Next-step drafting depths for the requests drafting in this step (one depth for all:
         the drafter drafts for the whole batch)."""
-        records = self.records
-        fresh = False
+        records, fresh = self.records, False
         for phase, req in rows:
             self.rates[phase].tick()
             if req is not None:
@@ -242,23 +238,23 @@ class AdaptivePolicy:
             depth = max(self.defaults[p] for p, _ in rows)
         else:
             key = self._plan_key(rows)
-            depth = self._plans.get(key) if key is not None else None
+            depth = self._plans.get(key)
             if depth is None:
-                depth = drafting_depth(requests, base, verify, first, drafting, self._gains_for(rows), self.min_depth)
-                if key is not None:
-                    self._plans[key] = depth
+                gains = self._gains_for(rows)
+                depth = self._plans[key] = drafting_depth(requests, base, verify, first, drafting, gains, self.min_depth)
         self._drafting_now = drafting[depth]
         return [depth] * requests
 
-    def _plan_key(self, rows: list[tuple[Phase, str | None]]) -> tuple | None:
-        """What a batch's drafting decision depends on under the current draw, when every request
-        is its phase (None when some request's own record moves it)."""
-        counts = [0, 0]
+    def _plan_key(self, rows: list[tuple[Phase, str | None]]) -> tuple:
+        """What a batch's drafting decision depends on under the current draws: how many requests
+        are their phase's, the own draws of the others, whether the drafter resumes."""
+        counts, own = [0, 0], []
         for phase, req in rows:
             if self._shifts(phase, req)[1]:
-                return None
-            counts[phase] += 1
-        return counts[0], counts[1], self._last_drafted == 0
+                own.append(self._request_draws[req][3])
+            else:
+                counts[phase] += 1
+        return counts[0], counts[1], self._last_drafted == 0, *own
 
     def _gains_for(self, rows: list[tuple[Phase, str | None]]):
         """``gains_at(price)`` of ``decide.drafting_depth`` for these requests: per request and
@@ -285,7 +281,7 @@ class AdaptivePolicy:
         return lambda price: gated_gains(per_row, n, price)
 
     def _shifts(self, phase: Phase, req: str | None) -> tuple[list[float], bool]:
-        """This step's draw of the request's acceptance, as log-odds shifts from its phase's mean
+        """The current draw of the request's acceptance, as log-odds shifts from its phase's mean
         rates: the phase's drawn rates, and, where the phase's outcomes persist, the request's
         own record drawn around them (``RequestRecord.sample_offsets``; then True)."""
         cached = self._request_draws.get(req)
@@ -300,7 +296,8 @@ class AdaptivePolicy:
             shifts = [a + b for a, b in zip(draw.shifts, record.sample_offsets(draw.drawn, rho, self._rng))]
             own = True
         if req is not None:
-            self._request_draws[req] = (phase, shifts, own)
+            self._serial += 1
+            self._request_draws[req] = (phase, shifts, own, self._serial)
         return shifts, own
 
     def _mean_offsets(self, phase: Phase, req: str) -> list[float] | None:
@@ -316,8 +313,9 @@ class AdaptivePolicy:
         of its drafts or None, drafts available); returns one depth per item."""
         survivals = []
         calibrators = self.calibrators
-        if calibrators is not None and not self.confidence_seen:
-            self.confidence_seen = any(f is not None for _p, _r, f, _a in items)
+        if calibrators is not None and not self.confidence_seen and any(f is not None for _p, _r, f, _a in items):
+            self.confidence_seen = True
+            self._ready.clear()  # readiness now asks for calibration labels
         for phase, req, features, available in items:
             if not self.ready(phase):
                 survivals.append([1.0] * min(self.defaults[phase], available))  # the default's drafts count as sure
@@ -352,6 +350,7 @@ class AdaptivePolicy:
         if record is None or record.phase is not phase:
             record = self.records[request_id] = RequestRecord(phase, self.n)
         record.learn_one(verified, accepted)
+        self._request_draws.pop(request_id, None)  # drawn again with what it just showed
         first = 1.0 if accepted > 0 else 0.0
         if record.last_first is not None:
             self.persistence[phase].learn_one(record.last_first, first)
@@ -385,6 +384,7 @@ class AdaptivePolicy:
 
     def forget(self, request_id: str) -> None:
         self.records.pop(request_id, None)
+        self._request_draws.pop(request_id, None)
         self.offsets.pop(request_id, None)
 
     def describe(self, phase: Phase) -> str:

@@ -125,8 +125,8 @@ class StepCost:
         self._grow = 1.0 / self._keep
         self._w = 1.0  # weight of the next step (grows; renormalised at each solve)
         self.shapes: dict[tuple[float, ...], list[float]] = {}  # x -> [sum w, sum w y, sum w y^2]
-        self._features: dict[Shape, tuple[float, ...]] = {}  # ``features`` of the shapes seen
-        self._predicted: dict[tuple[float, ...], float] = {}  # ``predict_one`` of them, until the mean moves
+        # per shape seen: [its features, ``predict_one`` of them until the mean moves, its sums]
+        self._entries: dict[Shape, list] = {}
         self.abs_err = 0.0
         self.noise = 0.0  # residual variance (seconds^2)
         self._depths_seen: set[int] = set()  # drafting depths of the fitted steps
@@ -144,32 +144,38 @@ class StepCost:
         """Add one decode step (O(1): one shape's sums; a solve every ``SOLVE_EVERY`` steps)."""
         if not self.learn or seconds <= 0.0 or shape.requests <= 0:
             return
-        x = self._features.get(shape)
-        if x is None:
-            x = self._features[shape] = features(shape)
+        entry = self._entries.get(shape)
+        if entry is None:
+            entry = self._entries[shape] = [features(shape), None, None]
+        x = entry[0]
         if self.scale == 1.0 and self.solved == 0:
             self._warm.append((seconds, x))
             if len(self._warm) <= WARMUP:
                 return
             if len(self._warm) == WARMUP + 1:
                 self._set_scale()
-        pred = self._predicted.get(x)
+        pred = entry[1]
         if pred is None:  # the mean changes only at a solve
-            pred = self._predicted[x] = self.predict_one(x)
+            pred = entry[1] = self.predict_one(x)
         err = seconds - pred
-        if self.abs_err > 0.0:
-            bound = CLIP * self.abs_err
+        abs_err = self.abs_err
+        if abs_err > 0.0:
+            bound = CLIP * abs_err
             err = -bound if err < -bound else (bound if err > bound else err)
-        self.abs_err = abs(err) if self.abs_err == 0.0 else 0.98 * self.abs_err + 0.02 * abs(err)
+            self.abs_err = 0.98 * abs_err + 0.02 * abs(err)
+        else:
+            self.abs_err = abs(err)
         y = pred + err
         w = self._w = self._w * self._grow
-        acc = self.shapes.get(x)
+        acc = entry[2]
         if acc is None:
-            self.shapes[x] = [w, w * y, w * y * y]
-        else:
-            acc[0] += w
-            acc[1] += w * y
-            acc[2] += w * y * y
+            acc = self.shapes.get(x)
+            if acc is None:
+                acc = self.shapes[x] = [0.0, 0.0, 0.0]
+            entry[2] = acc
+        acc[0] += w
+        acc[1] += w * y
+        acc[2] += w * y * y
         self.fitted += 1
         fitted = self.fitted
         new_depth = shape.drafted not in self._depths_seen
@@ -185,8 +191,13 @@ class StepCost:
         ratios = sorted(t / max(1e-9, sum(r * v for r, v in zip(self.relative, x))) for t, x in self._warm[1:])
         self.scale = ratios[len(ratios) // 2]
         self.mean = [self.scale * c for c in self.relative]
-        self._predicted = {}
+        self._forget_predictions()
         self._warm = []
+
+    def _forget_predictions(self) -> None:
+        """The mean moved: every shape's prediction is stale."""
+        for entry in self._entries.values():
+            entry[1] = None
 
     def solve(self) -> None:
         """The posterior given the forgotten statistics (and the noise variance they show)."""
@@ -199,8 +210,11 @@ class StepCost:
         for x in list(self.shapes):
             acc = self.shapes[x]
             w, wy, wyy = acc[0] * scale, acc[1] * scale, acc[2] * scale
-            if w < 1e-9:
+            if w < 1e-9:  # forgotten: a shape seen again starts new sums
                 del self.shapes[x]
+                for entry in self._entries.values():
+                    if entry[2] is acc:
+                        entry[2] = None
                 continue
             acc[0], acc[1], acc[2] = w, wy, wyy
             weight += w
@@ -227,7 +241,7 @@ class StepCost:
             return
         rhs = [xy[i] / self.noise + self.scale * self.relative[i] / prior_var for i in range(n)]
         self.mean = [sum(cov[i][j] * rhs[j] for j in range(n)) for i in range(n)]
-        self._predicted = {}
+        self._forget_predictions()
         low = _cholesky(cov)
         self._low = None if low is None else [row[: i + 1] for i, row in enumerate(low)]
         self.solved += 1

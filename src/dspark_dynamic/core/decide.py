@@ -104,9 +104,8 @@ def gated_gains(rows: Sequence[Sequence[Any]], positions: int, price: float) -> 
     gains, counts = [0.0] * positions, [0.0] * positions
     none_first = 1.0
     for times, drawn, moved, sample, recent in rows:
-        ordered = sample.sorted if sample is not None else None
         for j in range(positions):
-            if ordered is not None and len(ordered[j]) >= 2:
+            if sample is not None and sample.count(j) >= 2:
                 g, c = sample.gated(j, price - moved[j])
             elif recent is not None and len(recent[j]) >= 2:
                 g, c = gated(recent[j], price)
