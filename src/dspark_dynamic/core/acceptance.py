@@ -251,22 +251,32 @@ class GateSample:
     """A phase's last ``RESERVOIR`` gated drafts (see the module docstring): each draft's
     calibrated log-odds per position (offset-free) and its survivals.  Per position, the
     survivals of the drafts that reached it are ordered when first read after a change
-    (``learn_one``, once per gated request-step, only appends); ``gated`` then reads them from
-    the largest down, in ``O(RESERVOIR)``."""
+    (``learn_one``, once per gated request-step, only appends and keeps per position the count
+    and sum of those survivals); ``gated`` then reads them from the largest down, in
+    ``O(RESERVOIR)``, ``mean`` in ``O(1)``."""
 
-    __slots__ = ("entries", "positions", "_descending")
+    __slots__ = ("entries", "positions", "_descending", "_sums", "_counts")
 
     def __init__(self, positions: int) -> None:
-        self.entries: deque[tuple[tuple[float, ...], tuple[float, ...]]] = deque(maxlen=RESERVOIR)
+        self.entries: deque[tuple[tuple[float, ...], tuple[float, ...]]] = deque()
         self.positions = positions
         self._descending: list[list[float]] | None = [[] for _ in range(positions)]
+        self._sums = [0.0] * positions
+        self._counts = [0] * positions
 
     def learn_one(self, logits: list[float]) -> None:
+        entries, sums, counts = self.entries, self._sums, self._counts
+        if len(entries) == RESERVOIR:
+            for j, v in enumerate(entries.popleft()[1]):
+                sums[j] -= v
+                counts[j] -= 1
         surv, s = [], 1.0
-        for z in logits[: self.positions]:
+        for j, z in enumerate(logits[: self.positions]):
             s *= 1.0 / (1.0 + math.exp(-z)) if z >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(z))
             surv.append(s)
-        self.entries.append((tuple(logits), tuple(surv)))
+            sums[j] += s
+            counts[j] += 1
+        entries.append((tuple(logits), tuple(surv)))
         self._descending = None
 
     def _ordered(self) -> list[list[float]]:
@@ -282,7 +292,7 @@ class GateSample:
         return [row[::-1] for row in self._ordered()]
 
     def count(self, position: int) -> int:
-        return len(self._ordered()[position])
+        return self._counts[position]
 
     def gated(self, position: int, price: float) -> tuple[float, float]:
         """(``E[(s - price)^+]``, ``P(s > price)``) over the position's recent survivals."""
@@ -301,9 +311,10 @@ class GateSample:
     def mean(self, position: int) -> float | None:
         """The mean survival of the recent drafts that reached ``position`` (None with fewer than
         two): unconditional, since every draft the gate saw enters, verified or not."""
-        if self.count(position) < 2:
+        n = self._counts[position]
+        if n < 2:
             return None
-        return self.gated(position, 0.0)[0]
+        return max(self._sums[position], 0.0) / n  # the sum kept by adding and removing: never below 0
 
     def survivals(self, shifts: list[float], positions: int) -> list[list[float]]:
         """Per position, the survivals of the recent drafts that reached it, with ``shifts``
