@@ -118,6 +118,10 @@ def test_the_reservoir_keeps_the_last_drafts_in_order():
     for z in kept:
         expected.learn_one(z)
     assert sample.sorted == expected.sorted
+    for j in range(2):  # the running sums follow the drafts coming and going
+        survivals = sample.survivals([0.0, 0.0], 2)[j]
+        assert sample.count(j) == len(survivals) == acceptance.RESERVOIR
+        assert sample.mean(j) == pytest.approx(sum(survivals) / len(survivals), rel=1e-12)
     for price in (0.1, 0.4, 0.8):
         assert sample.gated(1, price) == pytest.approx(gated(sample.survivals([0.0, 0.0], 2)[1], price))
 

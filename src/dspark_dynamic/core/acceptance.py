@@ -249,11 +249,10 @@ def expected_tokens(rates: list[float], k: int) -> float:
 
 class GateSample:
     """A phase's last ``RESERVOIR`` gated drafts (see the module docstring): each draft's
-    calibrated log-odds per position (offset-free) and its survivals.  Per position, the
-    survivals of the drafts that reached it are ordered when first read after a change
-    (``learn_one``, once per gated request-step, only appends and keeps per position the count
-    and sum of those survivals); ``gated`` then reads them from the largest down, in
-    ``O(RESERVOIR)``, ``mean`` in ``O(1)``."""
+    calibrated log-odds per position (offset-free) and its survivals.  Per position: the count
+    and sum of the survivals of the drafts that reached it, kept as drafts come and go (``mean``
+    in O(1)), and those survivals ordered when first read after a change (``learn_one`` runs once
+    per gated request-step; ``gated`` reads them from the largest down, in O(``RESERVOIR``))."""
 
     __slots__ = ("entries", "positions", "_descending", "_sums", "_counts")
 

@@ -12,10 +12,10 @@ The learning room, as three pieces and this glue:
   batch drafts next), both maximising expected tokens per expected second;
 - ``estimate``: the live estimate against plain decoding and the fixed depth.
 
-Every step draws one cost vector from the cost posterior, and each phase one set of rates from
-its acceptance posterior (Thompson sampling): a depth is tried as often as the posteriors say it
-may be the best, which prices a probe at what the whole step pays at its batch, and stops
-probing once the evidence is fresh.  The decision itself is deterministic given the draws.
+Each step decides under one draw of the costs, of each phase's rates and of each request's own
+record (Thompson sampling; a draw holds ``DRAW_EVERY`` steps, a request's until it observes):
+a depth is tried as often as the posteriors say it may be the best, which prices a probe at
+what the whole step pays at its batch, and stops probing once the evidence is fresh.
 
 Learn without losing: a phase drafts and verifies its default depth (``reasoning_depth`` /
 ``answer_depth``) until the cost model has been solved once and the phase has its own evidence
@@ -58,7 +58,6 @@ from dspark_dynamic.core.costs import (
     RESUMED,
     STEP,
     VERIFIED,
-    Shape,
     StepCost,
 )
 from dspark_dynamic.core.decide import admit, drafting_depth, gated_gains
@@ -68,8 +67,8 @@ from dspark_dynamic.core.phase import Phase
 # Labels before a phase's calibrator leaves its prior's guess (until then the phase verifies and
 # drafts its default; tuned: on the testbed a fresh calibrator verified nothing and never learned)
 MIN_LABELS = 16
-# Steps a draw of the costs and of a phase's rates holds (speed, not behaviour: a draw costs
-# ~10 us, and Thompson sampling per episode of a few steps explores as much per step)
+# Steps a draw holds (costs, phase rates; a request's own until it observes): speed, not
+# behaviour (a draw costs ~10 us; Thompson sampling per episode of a few steps explores as much)
 DRAW_EVERY = 4
 
 
@@ -229,7 +228,7 @@ class AdaptivePolicy:
                     record.steps += 1
                 else:
                     records[req] = RequestRecord(phase, self.n)
-            fresh = fresh or not self.ready(phase)
+            fresh = fresh or (phase not in self._ready and not self.ready(phase))
         if not rows:
             return []
         requests = len(rows)
@@ -317,7 +316,7 @@ class AdaptivePolicy:
             self.confidence_seen = True
             self._ready.clear()  # readiness now asks for calibration labels
         for phase, req, features, available in items:
-            if not self.ready(phase):
+            if phase not in self._ready and not self.ready(phase):
                 survivals.append([1.0] * min(self.defaults[phase], available))  # the default's drafts count as sure
                 self.offsets[req] = None
                 continue
@@ -364,7 +363,7 @@ class AdaptivePolicy:
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
         drafted = max(draft_depth, 0)
         resumed = self.drafter_catches_up and drafted > 0 and self._last_drafted == 0
-        self.cost.learn_one(Shape(num_requests, verified_tokens, drafted, resumed, self.idle_drafter_runs), seconds)
+        self.cost.learn_one((num_requests, verified_tokens, drafted, resumed, self.idle_drafter_runs), seconds)
         self._last_drafted = drafted
 
     def account_step(self, seconds: float, requests: dict[Phase, int], tokens: dict[Phase, int]) -> None:

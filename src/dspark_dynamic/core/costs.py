@@ -141,11 +141,13 @@ class StepCost:
         return sum(m[i] * v for i, v in enumerate(x) if v)
 
     def learn_one(self, shape: Shape, seconds: float) -> None:
-        """Add one decode step (O(1): one shape's sums; a solve every ``SOLVE_EVERY`` steps)."""
-        if not self.learn or seconds <= 0.0 or shape.requests <= 0:
+        """Add one decode step (O(1): one shape's sums; a solve every ``SOLVE_EVERY`` steps).
+        ``shape`` may be a plain tuple of ``Shape``'s fields (it hashes and compares as one)."""
+        if not self.learn or seconds <= 0.0 or shape[0] <= 0:
             return
         entry = self._entries.get(shape)
         if entry is None:
+            shape = Shape(*shape)
             entry = self._entries[shape] = [features(shape), None, None]
         x = entry[0]
         if self.scale == 1.0 and self.solved == 0:
@@ -178,9 +180,10 @@ class StepCost:
         acc[2] += w * y * y
         self.fitted += 1
         fitted = self.fitted
-        new_depth = shape.drafted not in self._depths_seen
+        drafted = shape[2]
+        new_depth = drafted not in self._depths_seen
         if new_depth:
-            self._depths_seen.add(shape.drafted)
+            self._depths_seen.add(drafted)
         if (fitted % SOLVE_EVERY == 0 or (WARMUP <= fitted < SOLVE_EVERY and fitted & (fitted - 1) == 0)
                 or (new_depth and self.solved)):
             self.solve()

@@ -1,7 +1,7 @@
 """One decision per step for the whole batch: what to verify, and how deep to draft (pure logic).
 
 Both maximise the step's expected tokens per expected second, ``T / C``, at costs from the step
-cost model (``costs.py``, one posterior draw per step) and acceptance from ``acceptance.py`` or
+cost model (``costs.py``, one posterior draw per draw period) and acceptance from ``acceptance.py`` or
 the drafter's calibrated confidences (``confidence.py``).
 
 - ``admit`` (this step, drafts in hand): every request's draft slots, ranked by survival ``s``
