@@ -54,6 +54,16 @@ def plan(p, rows):
     return p.plan(rows)
 
 
+def observe_stretches(p, rng, steps=600):
+    """A reasoning request's first drafts in stretches of 60 steps, alternately 97 % and 3 %
+    accepted (outcomes that persist)."""
+    easy = True
+    for i in range(steps):
+        if i % 60 == 0:
+            easy = not easy
+        p.observe(R, 1, 1 if rng.random() < (0.97 if easy else 0.03) else 0, "old")
+
+
 def observe_phase(p, phase, rate, steps, rng, req=None):
     for _ in range(steps):
         m = 0
@@ -176,12 +186,9 @@ def test_a_fresh_request_of_a_streaky_phase_is_probed_until_its_own_record_says(
     streaky, independent = policy(), policy()
     for p in (streaky, independent):
         learn_machine(p, machine_ms, rng=rng)
-    easy = True
-    for i in range(600):
-        if i % 60 == 0:
-            easy = not easy
-        streaky.observe(R, 1, 1 if rng.random() < (0.97 if easy else 0.03) else 0, "old")
+    for _ in range(600):
         independent.observe(R, 1, 1 if rng.random() < 0.5 else 0, "old")
+    observe_stretches(streaky, rng)
     assert streaky.persistence[R].predict_one() > 0.6 > 0.1 > independent.persistence[R].predict_one()
     probes = {}
     for name, p in (("streaky", streaky), ("independent", independent)):
@@ -202,11 +209,7 @@ def test_a_requests_own_draw_holds_until_it_observes_so_the_gate_verifies_what_t
     rng = random.Random(5)
     p = policy()
     learn_machine(p, machine_ms, rng=rng)
-    easy = True
-    for i in range(600):
-        if i % 60 == 0:
-            easy = not easy
-        p.observe(R, 1, 1 if rng.random() < (0.97 if easy else 0.03) else 0, "old")
+    observe_stretches(p, rng)
     assert p.persistence[R].predict_one() > 0.6
     draws = []
     sample = acceptance.RequestRecord.sample_offsets

@@ -122,7 +122,7 @@ class AdaptivePolicy:
         self._sampler = random.Random(seed + 1)  # which steps ``account_step`` keeps
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
-        self._draws: dict[Phase, _PhaseDraw] = {}  # this step's draw of each phase's rates
+        self._draws: dict[Phase, _PhaseDraw] = {}  # the current draw of each phase's rates
         self._request_draws: dict[str | None, tuple[Phase, list[float], bool, int]] = {}  # ... of each request's
         self._ready: dict[Phase, bool] = {}  # the phases ``ready`` said true of
         self._steps = DRAW_EVERY  # steps since the last draw (the first step draws)
@@ -170,7 +170,7 @@ class AdaptivePolicy:
             self._request_draws.clear()
 
     def _draw(self, phase: Phase) -> _PhaseDraw:
-        """This step's draw of the phase's rates (once per phase and step)."""
+        """The current draw of the phase's rates (once per phase and draw period)."""
         draw = self._draws.get(phase)
         if draw is None:
             rates = self.rates[phase]
