@@ -14,12 +14,14 @@ one for the controlled settings.
     python scripts/bench_wallclock.py --drafter dflash  # a parallel drafter (DSpark's cost shape)
     python scripts/bench_wallclock.py --concurrency 4   # 4 requests in flight, starts staggered
     python scripts/bench_wallclock.py --epochs 4        # the rounds split over 4 sets of fresh engines
+    python scripts/bench_wallclock.py --part-timers --json run.json  # then: wallclock_table.py --parts run.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from dspark_dynamic.adapter.plugin import require_vllm
@@ -34,6 +36,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1, help="rounds run first and dropped")
     ap.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help="comma-separated")
     ap.add_argument("--calibrate", action="store_true", help="add fixed k=3 and print T(k) per step")
+    ap.add_argument("--part-timers", action="store_true",
+                    help="time every part of each engine step in every engine (testing/part_timers.py; "
+                         "per round in --json, shown by wallclock_table.py --parts)")
     ap.add_argument("--smoke", action="store_true", help="2 rounds of 1 request, no warm-up")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="default", help="the MoE target's shape")
     ap.add_argument("--drafter", choices=DRAFTERS, default="draft_model",
@@ -47,6 +52,8 @@ def main() -> int:
     ap.add_argument("--plot", help="write a PNG: tok/s per policy and phase, per-request timelines")
     CostModel.add_arguments(ap)
     args = ap.parse_args()
+    if args.part_timers:
+        os.environ["DSPARK_PART_TIMERS"] = "1"  # read by each engine process (engine_pool._worker)
     settings = tuple(s.strip() for s in args.settings.split(",") if s.strip())
     if args.calibrate and "fixed k=3" not in settings:
         settings += ("fixed k=3",)

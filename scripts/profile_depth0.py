@@ -15,10 +15,12 @@ through ``engine.step()`` under ``cProfile`` after a warm-up, and prints per eng
 cProfile slows Python code (not the kernels) by a roughly constant factor, so the differences
 between settings, not the absolute times, are what it attributes; the medians printed without
 the profiler (``--no-profile``) are the wall-clock figures.  ``--timers`` measures instead with
-wall-clock timers around the parts of a step (scheduler, input preparation, model forward,
-sampling and drafting, output update, the engine's post-step), the plugin's patches included
-in the part they wrap, and prints each part's median and mean per step (a mean above the median:
-a part that is dear now and then, as a drafter catching up) against the first setting's.
+wall-clock timers around the parts of a step (``dspark_dynamic.testing.part_timers``: the
+engine core, scheduler, executor, input preparation, model forward, sampling and drafting,
+output update, post-step, output processing, stat loggers; the plugin's patches included in
+the part they wrap, and their own time as "plugin hooks"), and prints each part's median and
+mean per step (a mean above the median: a part that is dear now and then, as a drafter
+catching up) against the first setting's.
 
     python scripts/profile_depth0.py --timers --concurrency 1 --settings "fixed k=0,phase 0/0"
 """
@@ -34,6 +36,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from dspark_dynamic.testing.part_timers import PARTS
+from dspark_dynamic.testing.part_timers import hooks as timed_hooks
+from dspark_dynamic.testing.part_timers import install as install_timers
 
 GROUPS = (  # (label, substring of "file:function"), first match wins
     ("plugin hooks", "dspark_dynamic"),
@@ -71,6 +77,7 @@ def child(args: argparse.Namespace) -> None:
     for key in ("speculative_config", "additional_config"):
         if spec.get(key):
             kwargs[key] = spec[key]
+    parts = install_timers() if args.timers else None  # before the engine binds its step
     engine = LLM(**kwargs).llm_engine
     prompt = TokensPrompt(prompt_token_ids=prompt_ids(TESTBED_SCRIPT, thinking=True))
     params = SamplingParams(temperature=0.0, max_tokens=len(TESTBED_SCRIPT.expected_output()) + 10)
@@ -82,7 +89,6 @@ def child(args: argparse.Namespace) -> None:
         count += 1
         engine.add_request(f"p-{count}", prompt, params)
 
-    parts = install_timers() if args.timers else None
     profiler = cProfile.Profile()
     times, decode = [], []
     for i in range(args.warmup + args.steps):
@@ -104,6 +110,7 @@ def child(args: argparse.Namespace) -> None:
                 if parts is not None:
                     for name in PARTS:
                         per_part.setdefault(name, []).append(parts.get(name, 0.0))
+                    per_part.setdefault("plugin hooks", []).append(timed_hooks(parts))
     profiler.disable()
     if args.profile:
         profiler.dump_stats(args.out + ".prof")
@@ -116,41 +123,7 @@ def child(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(result))
 
 
-# the parts of an engine step timed by ``--timers``: (label, module, class, method)
-PARTS = {
-    "schedule": ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule"),
-    "prepare inputs": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_prepare_inputs"),
-    "model forward": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_model_forward"),
-    "execute model": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model"),
-    "sample tokens": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens"),
-    "drafter": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "propose_draft_token_ids"),
-    "update from output": ("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output"),
-    "post step": ("vllm.v1.engine.core", "EngineCore", "post_step"),
-}
 per_part: dict[str, list[float]] = {}
-
-
-def install_timers() -> dict[str, float]:
-    """Wrap each part (after the plugin's patches, so they count in the part they wrap); returns
-    the dict the wrappers add each call's seconds to."""
-    import functools
-    import importlib
-    import time
-
-    totals: dict[str, float] = {}
-    for name, (module, cls_name, method) in PARTS.items():
-        cls = getattr(importlib.import_module(module), cls_name)
-        original = getattr(cls, method)
-
-        def timed(*args, _original=original, _name=name, **kwargs):
-            t = time.perf_counter()
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                totals[_name] = totals.get(_name, 0.0) + time.perf_counter() - t
-
-        setattr(cls, method, functools.wraps(original)(timed))
-    return totals
 
 
 def group_of(key: tuple[str, int, str]) -> str:
@@ -172,7 +145,7 @@ def print_parts(settings: list[str], results: dict) -> None:
     ref = results[settings[0]]["parts"]
     print("\nms per decode step, median / mean (the first setting's, then each other's less it)")
     print(f"{'part':<20}" + "".join(f"{name:>26}" for name in settings))
-    for part in [*PARTS, "decode step"]:
+    for part in [*PARTS, "plugin hooks", "decode step"]:
         cells = []
         for i, name in enumerate(settings):
             med, mean = results[name]["parts"][part]

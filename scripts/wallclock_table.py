@@ -5,6 +5,7 @@ median of paired per-round ratios against plain decoding (``fixed k=0``), with i
     python scripts/wallclock_table.py run1.json run2.json ...          # ratios to plain
     python scripts/wallclock_table.py --against adaptive run.json ...  # ratios of adaptive to each
     python scripts/wallclock_table.py --plot ratios.png run1.json ...    # and draw them (matplotlib)
+    python scripts/wallclock_table.py --parts run.json                 # ms per step by part of a step
 
 Paired: each round's tok/s of a setting over the same round's plain (or, with ``--against``, the
 named setting over each other one), so the round-to-round swings of a shared machine cancel.
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 
 from dspark_dynamic.core.paired import paired_ratio
+from dspark_dynamic.testing.part_timers import PARTS, hooks
 
 PLAIN = "fixed k=0"
 
@@ -47,8 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", help="bench_wallclock.py --json files")
     ap.add_argument("--against", help="ratios of this setting to each other one (default: each to plain)")
     ap.add_argument("--plot", help="write a PNG of the table: one panel per run, a bar per setting")
+    ap.add_argument("--parts", action="store_true",
+                    help="per part of an engine step (a run with DSPARK_PART_TIMERS=1): ms per step")
     args = ap.parse_args(argv)
     runs = [json.load(open(p)) for p in args.runs]
+    if args.parts:
+        for run in runs:
+            print_parts(run)
+        return 0
     names: list[str] = []
     for run in runs:
         names += [n for n in run["settings"] if n not in names and n != (args.against or PLAIN)]
@@ -71,6 +80,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(table, head, args.plot)
     return 0
+
+
+def print_parts(run: dict) -> None:
+    """Per part: plain's median ms per step over the rounds, then each setting's paired median
+    difference to plain (ms per step; each round's part seconds over its steps)."""
+    rounds = [r for r in run["rounds"] if all("parts" in m for m in r.values())]
+    if not rounds:
+        print(f"{label(run)}: no part timings (run the benchmark with DSPARK_PART_TIMERS=1)")
+        return
+    names = [PLAIN] + [n for n in run["settings"] if n != PLAIN]
+    seen = {p for r in rounds for m in r.values() for p in m["parts"]}
+    parts = [p for p in [*PARTS, *(f"{n} (vLLM)" for n in PARTS), "engine step"] if p in seen]
+
+    def per_step(m: dict, part: str) -> float:
+        if part == "outside engine core":
+            seconds = m["parts"].get("engine step", 0.0) - m["parts"].get("engine core", 0.0)
+        elif part == "plugin hooks":
+            seconds = hooks(m["parts"])
+        else:
+            seconds = m["parts"].get(part, 0.0)
+        return 1e3 * seconds / max(1, m["steps"])
+
+    print(f"{label(run)}: ms per engine step (plain's median; each other setting's median paired difference)")
+    print(f"| part | {' | '.join(names)} |")
+    print("|---|" + "---|" * len(names))
+    for part in parts + ["outside engine core", "plugin hooks"]:
+        cells = [f"{statistics.median(per_step(r[PLAIN], part) for r in rounds):.3f}"]
+        for n in names[1:]:
+            d = statistics.median(per_step(r[n], part) - per_step(r[PLAIN], part) for r in rounds)
+            cells.append(f"{d:+.3f}")
+        print(f"| {part} | {' | '.join(cells)} |")
 
 
 def plot(table: list[tuple[str, dict[str, tuple[float, float, float]]]], head: str, path: str) -> None:

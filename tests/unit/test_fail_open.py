@@ -154,8 +154,9 @@ class FullDisk:
 def test_a_trace_on_a_full_disk_raises_then_stops_quietly():
     trace = FullDisk()
     stats = PhaseStats(trace)
+    stats.record(Phase.REASONING, 1, 1, 2, "r")  # its row is written with the step's
     with pytest.raises(OSError):
-        stats.record(Phase.REASONING, 1, 1, 2, "r")
+        stats.record_step_time(0.01, 1, 1, 1)
     stats.stop_trace()  # the flush fails again: dropped
     assert trace.closed
     stats.record(Phase.REASONING, 1, 1, 2, "r")  # no trace any more; the counts go on

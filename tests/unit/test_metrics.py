@@ -1,4 +1,5 @@
 import json
+import os
 
 from dspark_dynamic.adapter import metrics
 
@@ -249,7 +250,10 @@ def test_tracked_requests_are_published_when_they_cross_zero_and_periodically(tm
 
     def write_at(t, n, force=False):
         clock[0] = t
+        before = open(writer.path).read() if os.path.exists(writer.path) else None
+        due = writer.due(n)  # the hook's cheap check says what write does
         writer.write(dict, force=force, tracked=n)
+        assert force or due == (open(writer.path).read() != before or before is None)
         return tracked()
 
     assert write_at(100.1, 3) == 3  # busy now: at once

@@ -29,3 +29,16 @@ def test_trace_jsonl():
     assert rows[0] | {"t": 0} == {"t": 0, "req": "req-1", "phase": "answer", "k": 2, "accepted": 1, "tokens": 2}
     assert rows[1] == {"step_s": 0.01, "verified_tokens": 3, "reqs": 2, "draft_depth": 1, "decode_only": False}
     assert stats.snapshot()["answer"]["accepted_per_pos"] == [1, 0]
+
+
+def test_a_steps_rows_reach_the_trace_with_its_step_row_or_when_the_engine_idles():
+    buf = io.StringIO()
+    stats = PhaseStats(trace=buf)
+    stats.record(Phase.REASONING, 0, 0, 1, "a")
+    stats.record(Phase.ANSWER, 1, 1, 2, "b")
+    stats.record_step_time(0.01, 1, 2, 1, True)
+    stats.record(Phase.ANSWER, 0, 0, 1, "b")  # a step without timing: written at the next close
+    stats.close()
+    rows = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert [r.get("req", "step") for r in rows] == ["a", "b", "step", "b"]
+    assert rows[1]["phase"] == "answer" and rows[0]["phase"] == "reasoning"

@@ -2,6 +2,7 @@
 the installed vLLM's ``_prepare_inputs``, ``execute_model`` and ``sample_tokens``, on a runner
 whose vLLM methods are recorded (the real engine runs in tests/engine/test_drafter_skip_engine.py)."""
 
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -97,6 +98,21 @@ def test_a_drafter_that_must_catch_up_or_is_not_skipped_keeps_the_speculative_pa
         step(runner, idle())
         assert [config for _name, config in runner.seen] == [SPEC, SPEC, SPEC]
         assert runner.__dict__[ATTR] is None and why in plain_step.why_not_plain(runner)
+
+
+def test_an_engine_the_plugin_does_not_drive_decides_once_and_says_nothing(caplog):
+    # the fake runner has no vLLM config: the plugin is not configured for it (a configured one
+    # without the skip says why: tests/engine/test_drafter_skip_engine.py)
+    for runner in (Runner(skip=False), Runner()):  # no idle-drafter skip attached; one attached
+        with caplog.at_level(logging.INFO, logger="vllm.dspark_dynamic"):
+            step(runner, idle())
+            step(runner, idle())
+        said = [r.getMessage() for r in caplog.records if r.name == "vllm.dspark_dynamic"]
+        caplog.clear()
+        if runner.drafter.__dict__[SKIP_ATTR] is None:
+            assert said == [] and runner.__dict__[ATTR] is None
+        else:
+            assert said == ["dspark_dynamic: steps that verify and draft nothing run vLLM's plain decoding path"]
 
 
 def test_the_config_comes_back_when_execute_model_returns_output_or_raises():

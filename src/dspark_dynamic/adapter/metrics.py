@@ -145,6 +145,10 @@ class SnapshotWriter:
             json.dump(data, f)
         os.replace(tmp, self.path)
 
+    def due(self, tracked: int) -> bool:
+        """Whether ``write`` without ``force`` would write now (its throttle, without the call)."""
+        return (tracked > 0) != self._busy or time.monotonic() - self._last >= WRITE_INTERVAL_S
+
     def write(self, snapshot: Callable[[], dict[str, Any]], force: bool = False, tracked: int = 0,
               errors: int = 0, estimate: Callable[[], Any] | None = None) -> None:
         """Write ``snapshot()``, the number of requests the controller tracks (``tracked``) and

@@ -285,11 +285,6 @@ class GateSample:
                                           for j in range(self.positions)]
         return ordered
 
-    @property
-    def sorted(self) -> list[list[float]]:
-        """Per position, the recent survivals that reached it, ascending."""
-        return [row[::-1] for row in self._ordered()]
-
     def count(self, position: int) -> int:
         return self._counts[position]
 

@@ -49,17 +49,7 @@ from dspark_dynamic.core.acceptance import (
     survival,
 )
 from dspark_dynamic.core.confidence import ConfidenceCalibrator
-from dspark_dynamic.core.costs import (
-    DRAFTED,
-    DRAFTED_ALL,
-    DRAFTER,
-    FIRST,
-    REQUEST,
-    RESUMED,
-    STEP,
-    VERIFIED,
-    StepCost,
-)
+from dspark_dynamic.core.costs import DRAFTED, DRAFTED_ALL, DRAFTER, FIRST, REQUEST, RESUMED, STEP, VERIFIED, StepCost
 from dspark_dynamic.core.decide import admit, drafting_depth, gated_gains
 from dspark_dynamic.core.estimate import SpeedEstimate, fixed_yield
 from dspark_dynamic.core.phase import Phase
@@ -124,7 +114,7 @@ class AdaptivePolicy:
         self._theta = self.cost.mean
         self._draws: dict[Phase, _PhaseDraw] = {}  # the current draw of each phase's rates
         self._request_draws: dict[str | None, tuple[Phase, list[float], bool, int]] = {}  # ... of each request's
-        self._ready: dict[Phase, bool] = {}  # the phases ``ready`` said true of
+        self._ready: set[Phase] = set()  # the phases ``ready`` said true of
         self._steps = DRAW_EVERY  # steps since the last draw (the first step draws)
         self._serial = 0  # request draws so far (names a draw in ``_plan_key``)
         self._solved = -1  # the cost model's solves at the last draw
@@ -192,7 +182,7 @@ class AdaptivePolicy:
             if not self.cost.known or not (self.calibrators[phase].report.labels >= self.min_labels if self._gating(phase)
                                             else self.rates[phase].observations >= self.prior_weight):
                 return False
-            self._ready[phase] = True
+            self._ready.add(phase)
         return True
 
     def _terms(self, requests: int) -> tuple[tuple[float, float, float], list[float]]:
@@ -349,7 +339,9 @@ class AdaptivePolicy:
         if record is None or record.phase is not phase:
             record = self.records[request_id] = RequestRecord(phase, self.n)
         record.learn_one(verified, accepted)
-        self._request_draws.pop(request_id, None)  # drawn again with what it just showed
+        drawn = self._request_draws.get(request_id)  # redrawn with what it showed (a phase's draw holds)
+        if drawn is not None and (drawn[2] or getattr(self._draws.get(drawn[0]), "rho", 1.0) > 0.0):
+            del self._request_draws[request_id]
         first = 1.0 if accepted > 0 else 0.0
         if record.last_first is not None:
             self.persistence[phase].learn_one(record.last_first, first)

@@ -34,8 +34,7 @@ parser-backed detector.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dspark_dynamic.core.phase import Phase, PhaseDetector, PhaseTracker
 from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, apply_batch_depth
@@ -45,8 +44,7 @@ from dspark_dynamic.core.stats import PhaseStats
 Decisions = dict[str, tuple[Phase, int]]
 
 
-@dataclass(frozen=True)
-class StepTiming:
+class StepTiming(NamedTuple):
     """One engine step as the cost model sees it.
 
     ``seconds`` excludes idle time before the step was scheduled; ``decode_only`` is False when

@@ -124,8 +124,8 @@ class StepCost:
         self._keep = 1.0 - 1.0 / MEMORY
         self._grow = 1.0 / self._keep
         self._w = 1.0  # weight of the next step (grows; renormalised at each solve)
-        self.shapes: dict[tuple[float, ...], list[float]] = {}  # x -> [sum w, sum w y, sum w y^2]
-        # per shape seen: [its features, ``predict_one`` of them until the mean moves, its sums]
+        # per shape seen: [its features, ``predict_one`` of them until the mean moves,
+        # sum w, sum w y, sum w y^2] (a policy's shapes map one to one to their features)
         self._entries: dict[Shape, list] = {}
         self.abs_err = 0.0
         self.noise = 0.0  # residual variance (seconds^2)
@@ -148,7 +148,7 @@ class StepCost:
         entry = self._entries.get(shape)
         if entry is None:
             shape = Shape(*shape)
-            entry = self._entries[shape] = [features(shape), None, None]
+            entry = self._entries[shape] = [features(shape), None, 0.0, 0.0, 0.0]
         x = entry[0]
         if self.scale == 1.0 and self.solved == 0:
             self._warm.append((seconds, x))
@@ -169,15 +169,9 @@ class StepCost:
             self.abs_err = abs(err)
         y = pred + err
         w = self._w = self._w * self._grow
-        acc = entry[2]
-        if acc is None:
-            acc = self.shapes.get(x)
-            if acc is None:
-                acc = self.shapes[x] = [0.0, 0.0, 0.0]
-            entry[2] = acc
-        acc[0] += w
-        acc[1] += w * y
-        acc[2] += w * y * y
+        entry[2] += w
+        entry[3] += w * y
+        entry[4] += w * y * y
         self.fitted += 1
         fitted = self.fitted
         drafted = shape[2]
@@ -210,16 +204,14 @@ class StepCost:
         xx = [[0.0] * n for _ in range(n)]
         xy = [0.0] * n
         yy = weight = 0.0
-        for x in list(self.shapes):
-            acc = self.shapes[x]
-            w, wy, wyy = acc[0] * scale, acc[1] * scale, acc[2] * scale
+        for entry in self._entries.values():
+            x = entry[0]
+            w, wy, wyy = entry[2] * scale, entry[3] * scale, entry[4] * scale
             if w < 1e-9:  # forgotten: a shape seen again starts new sums
-                del self.shapes[x]
-                for entry in self._entries.values():
-                    if entry[2] is acc:
-                        entry[2] = None
+                w = wy = wyy = 0.0
+            entry[2], entry[3], entry[4] = w, wy, wyy
+            if not w:
                 continue
-            acc[0], acc[1], acc[2] = w, wy, wyy
             weight += w
             yy += wyy
             nz = [(i, v) for i, v in enumerate(x) if v]

@@ -18,6 +18,9 @@ from typing import IO, Any
 from dspark_dynamic.core.phase import Phase
 
 
+_LABELS = {phase: f'"{phase.label}"' for phase in Phase}  # each phase's label as JSON
+
+
 @dataclass
 class PhaseCounters:
     steps: int = 0
@@ -89,16 +92,23 @@ class PhaseStats:
         self.totals = {phase: PhaseCounters() for phase in Phase}
         self._last_logged = {phase: PhaseCounters() for phase in Phase}
         self._trace = trace
+        self._rows: list[str] = []  # the trace's rows not written yet (a step's, written with its step row)
+        self._ids: dict[str, str] = {}  # request id -> its JSON string
 
     def record(
         self, phase: Phase, depth: int, accepted: int, tokens: int, request_id: str = ""
     ) -> None:
         """One request-step: ``depth`` drafts verified, ``accepted`` of them accepted."""
         self.totals[phase].add(depth, accepted, tokens)
-        trace = self._trace
-        if trace is not None:  # one JSON row (json.dumps costs several microseconds per row)
-            trace.write(f'{{"t": {time.time():.6f}, "req": {json.dumps(request_id)}, "phase": "{phase.label}", '
-                        f'"k": {depth}, "accepted": {accepted}, "tokens": {tokens}}}\n')
+        if self._trace is not None:  # one JSON row, written with the step's row
+            ids = self._ids
+            req = ids.get(request_id)
+            if req is None:
+                if len(ids) > 4096:  # finished requests' ids go now and then
+                    ids.clear()
+                req = ids[request_id] = json.dumps(request_id)
+            self._rows.append(f'{{"t": {time.time():.6f}, "req": {req}, "phase": {_LABELS[phase]}, '
+                              f'"k": {depth}, "accepted": {accepted}, "tokens": {tokens}}}\n')
 
     def record_step_time(
         self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int = -1,
@@ -107,8 +117,11 @@ class PhaseStats:
         """One engine step: its busy time, drafts verified, requests, drafts asked per request."""
         trace = self._trace
         if trace is not None:
-            trace.write(f'{{"step_s": {seconds:.6f}, "verified_tokens": {verified_tokens}, "reqs": {num_requests}, '
+            rows = self._rows
+            rows.append(f'{{"step_s": {seconds:.6f}, "verified_tokens": {verified_tokens}, "reqs": {num_requests}, '
                         f'"draft_depth": {draft_depth}, "decode_only": {"true" if decode_only else "false"}}}\n')
+            trace.write("".join(rows))
+            rows.clear()
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {phase.label: asdict(c) for phase, c in self.totals.items()}
@@ -141,12 +154,24 @@ class PhaseStats:
     def close(self) -> None:
         """Flush the trace (rows are buffered: the adapter flushes whenever the engine idles)."""
         if self._trace is not None:
+            self._write_rows()
             self._trace.flush()
+
+    def _write_rows(self) -> None:
+        if self._rows:
+            self._trace.write("".join(self._rows))
+            self._rows.clear()
 
     def stop_trace(self) -> None:
         """Stop tracing and close the trace file (after a fault: a flush that fails again, e.g.
         on a full disk, is dropped with the rows it held)."""
-        trace, self._trace = self._trace, None
+        trace = self._trace
+        if trace is not None:
+            try:
+                self._write_rows()
+            except OSError:
+                pass
+        self._trace = None
         if trace is not None:
             try:
                 trace.close()

@@ -34,6 +34,7 @@ class RequestTiming:
     output: list[int] = field(default_factory=list)  # the last request's output
     steps: int = 0
     outputs: list[list[int]] = field(default_factory=list)  # every request's output
+    parts: dict[str, float] = field(default_factory=dict)  # seconds per part of a step (``DSPARK_PART_TIMERS``)
 
     @property
     def total_tokens(self) -> int:
@@ -64,6 +65,11 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
             if spec.get(key):
                 kwargs[key] = spec[key]
         kwargs.update(spec.get("engine", {}))  # extra LLM kwargs, e.g. dtype float32, max_model_len
+        if os.environ.get("DSPARK_PART_TIMERS"):  # time the parts of every step (testing/part_timers.py)
+            global _PART_SECONDS
+            from dspark_dynamic.testing.part_timers import install
+
+            _PART_SECONDS = install()
         llm = LLM(**kwargs)
         engine = llm.llm_engine
         conn.send({"ready": True})
@@ -86,6 +92,9 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
             continue
         count = _run_closed_loop(engine, cmd, count, SamplingParams, TokensPrompt, conn)
     conn.close()
+
+
+_PART_SECONDS: dict[str, float] | None = None  # this worker's part timers, when installed
 
 
 def _run_closed_loop(engine: Any, cmd: dict[str, Any], count: int, sampling_params: Any, tokens_prompt: Any,
@@ -120,10 +129,17 @@ def _run_closed_loop(engine: Any, cmd: dict[str, Any], count: int, sampling_para
         live[req_id] = [start_phase, 0]
 
     start()
+    parts = _PART_SECONDS
     while live:
+        if parts is not None:
+            parts.clear()
         t = time.perf_counter()
         outs = engine.step()
         dt = time.perf_counter() - t
+        if parts is not None:
+            parts["engine step"] = dt
+            for name, seconds in parts.items():
+                timing.parts[name] = timing.parts.get(name, 0.0) + seconds
         timing.steps += 1
         steps_since_start += 1
         share = dt / len(live)

@@ -31,6 +31,7 @@ import functools
 import logging
 from typing import Any
 
+from dspark_dynamic.adapter.build import worker_options
 from dspark_dynamic.adapter.fail_open import FailOpen
 from dspark_dynamic.adapter.patches.drafter_skip import ATTR as SKIP_ATTR
 from dspark_dynamic.adapter.patching import Patch, Where
@@ -70,6 +71,10 @@ def why_not_plain(runner: Any) -> str | None:
 def _allowed(runner: Any) -> bool:
     allowed = runner.__dict__.get(ATTR, False)
     if allowed is False:  # not decided yet
+        if (getattr(getattr(runner, "drafter", None), "__dict__", {}).get(SKIP_ATTR) is None
+                and worker_options(getattr(runner, "vllm_config", None)) is None):
+            runner.__dict__[ATTR] = None  # an engine the plugin is not configured for: nothing to say
+            return False
         why_not = why_not_plain(runner)
         allowed = runner.__dict__[ATTR] = True if why_not is None else None
         if why_not is None:

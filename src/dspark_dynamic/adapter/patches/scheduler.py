@@ -78,8 +78,10 @@ class SchedulerHook:
     def publish(self, force: bool = False) -> None:
         """Hand the counters to ``/metrics`` (throttled unless ``force``)."""
         controller = self.controller
-        self.metrics.write(self.snapshot, force=force, tracked=len(controller.states), errors=GUARD.errors,
-                           estimate=getattr(controller.policy, "estimate", None))
+        tracked = len(controller.states)
+        if force or self.metrics.due(tracked):
+            self.metrics.write(self.snapshot, force=force, tracked=tracked, errors=GUARD.errors,
+                               estimate=getattr(controller.policy, "estimate", None))
 
     def snapshot(self) -> dict:
         """Per phase: the counters, and the draft-confidence calibration where the policy has one."""
@@ -200,7 +202,8 @@ def step_timing(scheduler_output: Any, seconds: float) -> StepTiming:
     shape; a step in which any request prefilled is not decode-only."""
     spec = scheduler_output.scheduled_spec_decode_tokens
     scheduled = scheduler_output.num_scheduled_tokens
-    decode_only = all(n == 1 + len(spec.get(req_id, ())) for req_id, n in scheduled.items())
+    # every request is scheduled at least its drafts and one token: all exactly that, or a prefill
+    decode_only = sum(scheduled.values()) == len(scheduled) + (sum(map(len, spec.values())) if spec else 0)
     return StepTiming(seconds, decode_only, len(scheduled), getattr(scheduler_output, "num_spec_tokens_to_schedule", -1))
 
 
