@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", help="ratios of this setting to each other one (default: each to plain)")
     ap.add_argument("--plot", help="write a PNG of the table: one panel per run, a bar per setting")
     ap.add_argument("--parts", action="store_true",
-                    help="per part of an engine step (a run with DSPARK_PART_TIMERS=1): ms per step")
+                    help="per part of an engine step (a run of bench_wallclock.py --part-timers): ms per step")
     args = ap.parse_args(argv)
     runs = [json.load(open(p)) for p in args.runs]
     if args.parts:
@@ -87,7 +87,7 @@ def print_parts(run: dict) -> None:
     difference to plain (ms per step; each round's part seconds over its steps)."""
     rounds = [r for r in run["rounds"] if all("parts" in m for m in r.values())]
     if not rounds:
-        print(f"{label(run)}: no part timings (run the benchmark with DSPARK_PART_TIMERS=1)")
+        print(f"{label(run)}: no part timings (run bench_wallclock.py with --part-timers)")
         return
     names = [PLAIN] + [n for n in run["settings"] if n != PLAIN]
     seen = {p for r in rounds for m in r.values() for p in m["parts"]}

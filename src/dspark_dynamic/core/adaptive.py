@@ -339,9 +339,7 @@ class AdaptivePolicy:
         if record is None or record.phase is not phase:
             record = self.records[request_id] = RequestRecord(phase, self.n)
         record.learn_one(verified, accepted)
-        drawn = self._request_draws.get(request_id)  # redrawn with what it showed (a phase's draw holds)
-        if drawn is not None and (drawn[2] or getattr(self._draws.get(drawn[0]), "rho", 1.0) > 0.0):
-            del self._request_draws[request_id]
+        self._request_draws.pop(request_id, None)  # drawn again with what it just showed
         first = 1.0 if accepted > 0 else 0.0
         if record.last_first is not None:
             self.persistence[phase].learn_one(record.last_first, first)

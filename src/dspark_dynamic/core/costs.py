@@ -208,10 +208,9 @@ class StepCost:
             x = entry[0]
             w, wy, wyy = entry[2] * scale, entry[3] * scale, entry[4] * scale
             if w < 1e-9:  # forgotten: a shape seen again starts new sums
-                w = wy = wyy = 0.0
-            entry[2], entry[3], entry[4] = w, wy, wyy
-            if not w:
+                entry[2] = entry[3] = entry[4] = 0.0
                 continue
+            entry[2], entry[3], entry[4] = w, wy, wyy
             weight += w
             yy += wyy
             nz = [(i, v) for i, v in enumerate(x) if v]

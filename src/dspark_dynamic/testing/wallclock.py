@@ -260,8 +260,10 @@ def _run_rounds(pool: EnginePool, result: WallclockResult, wrong: dict[str, int]
                     m["tokens"][p] += timing.tokens[p]
                     m["seconds"][p] += timing.seconds[p]
                 m["steps"] += timing.steps
-                for part, seconds in timing.parts.items():  # with DSPARK_PART_TIMERS set
-                    m.setdefault("parts", {})[part] = m.get("parts", {}).get(part, 0.0) + seconds
+                if timing.parts:  # bench_wallclock.py --part-timers
+                    parts = m.setdefault("parts", {})
+                    for part, seconds in timing.parts.items():
+                        parts[part] = parts.get(part, 0.0) + seconds
         if r >= warmup:
             result.rounds.append(measures)
             line = "  ".join(f"{n} {sum(m['tokens'].values()) / sum(m['seconds'].values()):.1f}"
