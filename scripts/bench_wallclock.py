@@ -8,6 +8,7 @@ with their interquartile ranges.  A modelled figure (seed cost model) accompanie
 one for the controlled settings.
 
     python scripts/bench_wallclock.py [--rounds 12 --requests 2] [--json out.json] [--plot out.png]
+    python scripts/bench_wallclock.py --trace --json out.json  # with each controlled engine's trace
     python scripts/bench_wallclock.py --calibrate     # adds fixed k=3: the testbed's T(k), k = 0..3
     python scripts/bench_wallclock.py --smoke         # 2 rounds, 1 request: a quick check
     python scripts/bench_wallclock.py --shape narrow  # 32 experts x 4096, top-4 (a cheaper verify)
@@ -46,10 +47,13 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=1,
                     help="requests in flight per engine (N > 1: a closed loop, starts staggered)")
     ap.add_argument("--epochs", type=int, default=1,
-                    help="fresh engines this many times, in the reverse start order every other time "
+                    help="fresh engines this many times, the start order rotated by one place each time "
                          "(a process's speed and start position then do not ride on one setting)")
     ap.add_argument("--json", help="write the result (per-round data, summary, traces) here")
-    ap.add_argument("--plot", help="write a PNG: tok/s per policy and phase, per-request timelines")
+    ap.add_argument("--trace", action="store_true",
+                    help="each controlled engine writes its per-step trace (into --json; costs those engines "
+                         "host time every step, ~0.5%% at 4 requests); implied by --plot")
+    ap.add_argument("--plot", help="write a PNG: tok/s per policy and phase, per-request timelines (traces)")
     CostModel.add_arguments(ap)
     args = ap.parse_args()
     if args.part_timers:
@@ -62,7 +66,8 @@ def main() -> int:
     print(f"vLLM {require_vllm()}; testbed: MoE target ({args.shape} shape) + {args.drafter} drafter "
           f"(built locally, cached); concurrency {args.concurrency}")
     result = run_wallclock(settings, args.rounds, args.requests, args.warmup, shape=SHAPES[args.shape],
-                           drafter=args.drafter, concurrency=args.concurrency, epochs=args.epochs)
+                           drafter=args.drafter, concurrency=args.concurrency, epochs=args.epochs,
+                           trace=args.trace or bool(args.plot))
     cost = CostModel.from_arguments(args)
     print(format_report(result, cost))
     if args.calibrate:

@@ -2,7 +2,7 @@
 """Linear step-cost features against a per-shape table, on recorded engine steps.
 
 Reads the controller's step rows (``{"step_s", "verified_tokens", "reqs", "draft_depth",
-"decode_only"}``) from ``bench_wallclock.py --json`` results (every controlled setting's trace)
+"decode_only"}``) from ``bench_wallclock.py --trace --json`` results (every controlled setting's trace)
 or from ``trace_path`` JSONL files, and replays them in order through both cost models,
 predicting each decode step *before* learning it (prequential): ``core.costs.StepCost`` (the
 policy's: linear in what the step carries, a posterior, forgetting, clipped residuals) and
@@ -91,7 +91,7 @@ def main() -> int:
                 print(f"{name}: {len(steps)} steps; median error linear {statistics.median(errs['linear']):.3f}, "
                       f"table {statistics.median(errs['table']):.3f}")
     if not total.get("linear"):
-        print("no decode steps found")
+        print("no decode steps found (a bench_wallclock.py result holds traces only when run with --trace)")
         return 1
     print(f"\nall engines ({len(total['linear'])} predicted steps; {len(total['linear rare'])} of a rare shape):")
     for model in ("linear", "table"):

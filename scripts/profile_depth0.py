@@ -68,10 +68,7 @@ def child(args: argparse.Namespace) -> None:
     from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, prompt_ids
     from dspark_dynamic.testing.wallclock import SHAPES, engine_specs
 
-    spec = engine_specs((args.setting,), Path(args.out).parent, SHAPES[args.shape], args.drafter)[args.setting]
-    spec["additional_config"] = spec.get("additional_config")
-    if spec["additional_config"]:
-        spec["additional_config"]["dspark_dynamic"].pop("trace_path", None)
+    spec = engine_specs((args.setting,), None, SHAPES[args.shape], args.drafter)[args.setting]
     kwargs = dict(model=spec["model"], dtype="bfloat16", max_model_len=512, enforce_eager=True,
                   disable_log_stats=False, distributed_executor_backend="uni", seed=0)
     for key in ("speculative_config", "additional_config"):

@@ -60,8 +60,9 @@ def test_wallclock_harness_smoke():
     from dspark_dynamic.testing.wallclock import format_report, run_wallclock
 
     logged: list[str] = []
-    # two epochs of one round each: fresh engines, started in the reverse order the second time
-    result = run_wallclock(("fixed k=0", "phase 1/2"), rounds=2, requests=1, warmup=0, log=logged.append, epochs=2)
+    # two epochs of one round each: fresh engines, the start order rotated (two settings: reversed) the second time
+    result = run_wallclock(("fixed k=0", "phase 1/2"), rounds=2, requests=1, warmup=0, log=logged.append, epochs=2,
+                           trace=True)
     starts = [line for line in logged if line.startswith("starting")]
     assert len(starts) == 2 and starts[0].endswith("fixed k=0, phase 1/2 ...") and starts[1].endswith(
         "phase 1/2, fixed k=0 ...")

@@ -61,3 +61,27 @@ def test_a_copy_setting_is_the_same_engine_twice_and_reports_its_ratio(tmp_path,
                               for n, f in (("phase 1/2", 1.0), ("phase 1/2 (copy)", 1.02))})
     ratio = result.summary()["ratios"]["phase 1/2 (copy) / phase 1/2"]["median"]
     assert ratio == pytest.approx(1.5 / 1.52)
+
+
+def test_controlled_engines_write_no_trace_unless_asked(monkeypatch):
+    """Speed runs as a user runs: a trace costs the controlled engines host time every step."""
+    from dspark_dynamic.testing import wallclock
+
+    monkeypatch.setattr(wallclock, "testbed_models", lambda shape, drafter: ("target", {"method": "draft_model"}))
+    specs = wallclock.engine_specs(("adaptive", "phase 1/2", "fixed k=2"), None)
+    assert specs["adaptive"]["additional_config"]["dspark_dynamic"] == {"policy": "adaptive"}
+    assert specs["phase 1/2"]["additional_config"]["dspark_dynamic"] == {"reasoning_depth": 1, "answer_depth": 2}
+    assert "additional_config" not in specs["fixed k=2"]
+
+
+def test_each_setting_starts_in_every_place_once_over_as_many_epochs():
+    """Fresh engines per epoch start in a rotated order: a setting that always started in the
+    middle (as under a reversal, with three settings or more) would carry that place's speed."""
+    from dspark_dynamic.testing.wallclock import start_order
+
+    settings = ("fixed k=0", "fixed k=0 (copy)", "phase 0/0", "adaptive")
+    orders = [start_order(settings, e) for e in range(len(settings))]
+    assert all(sorted(o) == sorted(settings) for o in orders)
+    for name in settings:
+        assert sorted(o.index(name) for o in orders) == list(range(len(settings)))
+    assert start_order(("a", "b"), 1) == ("b", "a") and start_order(settings, 4) == settings
