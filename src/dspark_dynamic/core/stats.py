@@ -115,13 +115,10 @@ class PhaseStats:
         decode_only: bool = True,
     ) -> None:
         """One engine step: its busy time, drafts verified, requests, drafts asked per request."""
-        trace = self._trace
-        if trace is not None:
-            rows = self._rows
-            rows.append(f'{{"step_s": {seconds:.6f}, "verified_tokens": {verified_tokens}, "reqs": {num_requests}, '
-                        f'"draft_depth": {draft_depth}, "decode_only": {"true" if decode_only else "false"}}}\n')
-            trace.write("".join(rows))
-            rows.clear()
+        if self._trace is not None:
+            self._rows.append(f'{{"step_s": {seconds:.6f}, "verified_tokens": {verified_tokens}, "reqs": {num_requests}, '
+                              f'"draft_depth": {draft_depth}, "decode_only": {"true" if decode_only else "false"}}}\n')
+            self._write_rows()
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {phase.label: asdict(c) for phase, c in self.totals.items()}
