@@ -126,5 +126,27 @@ def test_the_reservoir_keeps_the_last_drafts_in_order():
         assert sample.gated(1, price) == pytest.approx(gated(sample.survivals([0.0, 0.0], 2)[1], price))
 
 
+def test_gated_drafts_are_repriced_with_each_draw_of_the_calibration():
+    """Drafts learned under one calibration and repriced with another read as if learned under
+    the second: the survivals, the running means and the gated gains."""
+    rng = random.Random(8)
+    features = [[rng.gauss(1.0, 2.0), rng.gauss(1.0, 2.0)] for _ in range(acceptance.RESERVOIR + 5)]
+    theta = [1.7, -0.4, -1.1]
+    repriced, fresh = GateSample(2), GateSample(2)
+    fresh.price(theta)
+    for f in features:
+        repriced.learn_one(f)
+        fresh.learn_one(f)
+    before = repriced.survivals([0.0, 0.0], 2)
+    repriced.price(theta)
+    for j in range(2):
+        assert repriced.survivals([0.0, 0.0], 2)[j] == pytest.approx(fresh.survivals([0.0, 0.0], 2)[j])
+        assert repriced.survivals([0.0, 0.0], 2)[j] != pytest.approx(before[j])
+        assert repriced.mean(j) == pytest.approx(fresh.mean(j), rel=1e-12)
+        assert repriced.gated(j, 0.3) == pytest.approx(fresh.gated(j, 0.3))
+    w, b1, _b2 = theta
+    assert fresh.survivals([0.0, 0.0], 2)[0][-1] == pytest.approx(sigmoid(w * features[-1][0] + b1))
+
+
 def test_survival_is_the_running_product():
     assert survival([0.5, 0.5, 1.0]) == [0.5, 0.25, 0.25]

@@ -235,10 +235,48 @@ def test_gate_admits_confident_drafts_and_skips_doubtful_ones():
     p.min_labels = 0
     for cal in p.calibrators.values():
         cal.theta = [1.0, 0.0, 0.0]
+        cal.cov = [[1e-12 if i == j else 0.0 for j in range(3)] for i in range(3)]  # a sure calibrator
     p.begin_step()
     depths = p.gate([(R, "a", [6.0, 6.0], 2), (R, "b", [-4.0, -4.0], 2), (A, "c", [6.0, -4.0], 2)])
     assert depths == [2, 0, 1]
     assert p.gate([(R, "a", [6.0, 6.0], 2), (R, "b", [-4.0, -4.0], 2)], uniform="max") in ([2, 2], [0, 0], [1, 1])
+
+
+def recovers_from_a_poor_first_guess(seed):
+    """A reasoning calibrator whose first ``MIN_LABELS`` labels all say rejected (a drafter still
+    warming up), then 600 steps whose drafts, at the same confidence, are 90 % accepted on a
+    machine where drafting pays: (labels, steps that verified drafts in the last 200)."""
+    rng = random.Random(seed)
+    p = policy(seed=seed)
+    learn_machine(p, lambda shape: 10.0 + (1.0 if shape.drafted else 0.0) + 2.0 * shape.verified, rng=rng)
+    p.begin_step()
+    p.gate([(R, "warm", [2.0, 2.0], 2)])  # confidences seen: readiness asks for labels
+    for _ in range(p.min_labels):
+        p.observe_confidence(R, [2.0, 2.0], 2, 0, "warm")
+    assert p.calibrators[R].prob(2.0, 0) < 0.1  # the poor guess
+    verified = []
+    for _ in range(600):
+        d = plan(p, [(R, "a")])[0]
+        features = [rng.gauss(2.0, 0.5) for _ in range(d)]
+        (k,) = p.gate([(R, "a", features, d)]) if d else (0,)
+        accepted = 0
+        while accepted < k and rng.random() < 0.9:
+            accepted += 1
+        if k:
+            p.observe(R, k, accepted, "a")
+            p.observe_confidence(R, features, k, accepted, "a")
+        verified.append(k)
+    return p.calibrators[R].report.labels, sum(1 for k in verified[-200:] if k)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_calibrator_that_learned_a_poor_guess_from_its_first_labels_is_drawn_out_of_it(seed):
+    """Its mean alone prices every draft as hopeless, verifies nothing and never learns again
+    (3 of these 4 seeds, before the gate read draws of the calibrator); draws from its posterior,
+    which a few labels leave wide, sometimes verify, and the labels they bring end the dead spot."""
+    labels, verifying = recovers_from_a_poor_first_guess(seed)
+    assert labels > 500
+    assert verifying > 190  # drafting pays here, and it drafts
 
 
 def test_min_depth_is_a_floor_for_drafting_and_verifying():
@@ -423,6 +461,7 @@ def test_the_live_estimates_fixed_depth_reads_every_draft_the_gate_saw_not_only_
     p.min_labels = 0
     for cal in p.calibrators.values():
         cal.theta = [1.0, 0.0, 0.0]
+        cal.cov = [[1e-12 if i == j else 0.0 for j in range(3)] for i in range(3)]  # a sure calibrator
     verified = {True: 0, False: 0}
     for i in range(800):
         p.begin_step()

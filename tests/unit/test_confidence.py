@@ -115,3 +115,22 @@ def test_two_position_update_is_the_general_update_written_out():
     assert (a.labels, a.observed, a.pos, a.neg) == (b.labels, b.observed, b.pos, b.neg)
     assert a.psum == pytest.approx(b.psum)
     assert fast.cov[0][1] == fast.cov[1][0] and fast.cov[1][2] == fast.cov[2][1]
+
+
+def test_a_draw_follows_the_posterior_and_keeps_the_slope_non_negative():
+    """Draws (Thompson sampling) have the posterior's mean and covariance; a calibrator whose
+    slope sits at 0 (no signal) never draws a negative one."""
+    rng = random.Random(11)
+    cal = ConfidenceCalibrator(2)
+    for f, k, m in logistic_data(300, 1.2, [0.3, -0.5], rng):
+        cal.observe(f, k, m)
+    draws = [cal.sample(rng) for _ in range(20000)]
+    for i in range(3):
+        mean = sum(d[i] for d in draws) / len(draws)
+        assert mean == pytest.approx(cal.theta[i], abs=4 * math.sqrt(cal.cov[i][i] / len(draws)))
+        for j in range(3):
+            cov = sum((d[i] - cal.theta[i]) * (d[j] - cal.theta[j]) for d in draws) / len(draws)
+            assert cov == pytest.approx(cal.cov[i][j], abs=0.1 * math.sqrt(cal.cov[i][i] * cal.cov[j][j]))
+    flat = ConfidenceCalibrator(2, slope=0.0)
+    assert min(flat.sample(rng)[0] for _ in range(200)) == 0.0
+    assert all(d[0] >= 0.0 for d in (flat.sample(rng) for _ in range(200)))

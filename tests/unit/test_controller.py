@@ -177,6 +177,7 @@ def confident_controller(batch=BatchDepth.PER_REQUEST):
     policy = AdaptivePolicy(2, {Phase.REASONING: 1, Phase.ANSWER: 2}, learn_cost=False, verify_cost_ratio=0.5)
     for cal in policy.calibrators.values():
         cal.theta = [1.0, 0.0, 0.0]
+        cal.cov = [[1e-12 if i == j else 0.0 for j in range(3)] for i in range(3)]  # a sure calibrator
     policy.min_labels = 0  # calibrated as if learned: the gate trusts it at once
     return DepthController(RULES, policy, batch)
 

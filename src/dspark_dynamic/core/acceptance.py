@@ -18,9 +18,9 @@ A request-step that verified ``k`` drafts and accepted ``m`` observes positions
 - ``RequestRecord``: a request's own outcomes over its last ``REQUEST_MEMORY`` steps, and a
   draw of its own rates (``sample_offsets``: a Beta posterior centred on its phase's, as strong
   as the phase's outcomes are independent), as log-odds shifts of the phase's rates.
-- ``GateSample``, per phase: the calibrated log-odds of the last ``RESERVOIR`` gated drafts, so
-  the drafting decision can price a position at what gating it would gain, ``E[(s - v)^+]`` at a
-  verify price ``v``, under a request's own shifts.
+- ``GateSample``, per phase: the last ``RESERVOIR`` gated drafts, priced with the phase's drawn
+  calibration, so the drafting decision can price a position at what gating it would gain,
+  ``E[(s - v)^+]`` at a verify price ``v``, under a request's own shifts.
 
 Invariants: every rate lies in ``(0, 1)``; a position never observed has its predecessor's rate;
 a sample is the mean when the posterior is a point (``prior_weight`` 0 and no decay).
@@ -247,41 +247,74 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return 1.0 + sum(survival(rates[:k]))
 
 
-class GateSample:
-    """A phase's last ``RESERVOIR`` gated drafts (see the module docstring): each draft's
-    calibrated log-odds per position (offset-free) and its survivals.  Per position: the count
-    and sum of the survivals of the drafts that reached it, kept as drafts come and go (``mean``
-    in O(1)), and those survivals ordered when first read after a change (``learn_one`` runs once
-    per gated request-step; ``gated`` reads them from the largest down, in O(``RESERVOIR``))."""
+def _running_survival(logits: tuple[float, ...]) -> tuple[float, ...]:
+    """``s_j = prod_{i<=j} sigmoid(z_i)``."""
+    out, s = [], 1.0
+    for z in logits:
+        s *= 1.0 / (1.0 + math.exp(-z)) if z >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(z))
+        out.append(s)
+    return tuple(out)
 
-    __slots__ = ("entries", "positions", "_descending", "_sums", "_counts")
+
+class GateSample:
+    """A phase's last ``RESERVOIR`` gated drafts (see the module docstring): each draft's features
+    (per position), priced with one calibration ``theta = (w, b_1..b_N)`` (``price``: the phase's
+    current draw of its calibrator; by default ``w = 1, b = 0``, features read as log-odds) into
+    log-odds ``w*f + b_j`` and survivals.  Per position: the count and sum of the survivals of
+    the drafts that reached it, kept as drafts come and go (``mean`` in O(1)), and those survivals
+    ordered when first read after a change (``learn_one`` runs once per gated request-step;
+    ``gated`` reads them from the largest down, in O(``RESERVOIR``))."""
+
+    __slots__ = ("entries", "positions", "theta", "_descending", "_sums", "_counts")
 
     def __init__(self, positions: int) -> None:
-        self.entries: deque[tuple[tuple[float, ...], tuple[float, ...]]] = deque()
+        # (features, offset-free log-odds, survivals) per draft
+        self.entries: deque[tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]] = deque()
         self.positions = positions
+        self.theta: list[float] = [1.0] + [0.0] * positions
         self._descending: list[list[float]] | None = [[] for _ in range(positions)]
         self._sums = [0.0] * positions
         self._counts = [0] * positions
 
-    def learn_one(self, logits: list[float]) -> None:
+    def _priced(self, features: tuple[float, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        theta = self.theta
+        w = theta[0]
+        logits = tuple(w * f + theta[1 + j] for j, f in enumerate(features))
+        return logits, _running_survival(logits)
+
+    def price(self, theta: list[float]) -> None:
+        """Price every draft with ``theta`` (a no-op when it is the one they carry)."""
+        if theta is self.theta:
+            return
+        self.theta = theta
+        entries = [(f, *self._priced(f)) for f, _z, _s in self.entries]
+        self.entries = deque(entries)
+        self._sums = [sum(surv[j] for _f, _z, surv in entries if len(surv) > j) for j in range(self.positions)]
+        self._descending = None
+
+    def learn_one(self, features: list[float], logits: list[float] | None = None) -> None:
+        """One gated draft's features (``logits``: the same priced with ``theta``, if in hand)."""
         entries, sums, counts = self.entries, self._sums, self._counts
         if len(entries) == RESERVOIR:
-            for j, v in enumerate(entries.popleft()[1]):
+            for j, v in enumerate(entries.popleft()[2]):
                 sums[j] -= v
                 counts[j] -= 1
-        surv, s = [], 1.0
-        for j, z in enumerate(logits[: self.positions]):
-            s *= 1.0 / (1.0 + math.exp(-z)) if z >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(z))
-            surv.append(s)
-            sums[j] += s
+        f = tuple(features[: self.positions])
+        if logits is None:
+            z, surv = self._priced(f)
+        else:
+            z = tuple(logits[: self.positions])
+            surv = _running_survival(z)
+        for j, v in enumerate(surv):
+            sums[j] += v
             counts[j] += 1
-        entries.append((tuple(logits), tuple(surv)))
+        entries.append((f, z, surv))
         self._descending = None
 
     def _ordered(self) -> list[list[float]]:
         ordered = self._descending
         if ordered is None:
-            ordered = self._descending = [sorted([surv[j] for _z, surv in self.entries if len(surv) > j], reverse=True)
+            ordered = self._descending = [sorted([surv[j] for _f, _z, surv in self.entries if len(surv) > j], reverse=True)
                                           for j in range(self.positions)]
         return ordered
 
@@ -314,7 +347,7 @@ class GateSample:
         """Per position, the survivals of the recent drafts that reached it, with ``shifts``
         added to their log-odds."""
         out: list[list[float]] = [[] for _ in range(positions)]
-        for z, _surv in self.entries:
+        for _f, z, _surv in self.entries:
             s = 1.0
             for j, zj in enumerate(z[:positions]):
                 zj += shifts[j]

@@ -12,8 +12,9 @@ The learning room, as three pieces and this glue:
   batch drafts next), both maximising expected tokens per expected second;
 - ``estimate``: the live estimate against plain decoding and the fixed depth.
 
-Each step decides under one draw of the costs, of each phase's rates and of each request's own
-record (Thompson sampling; a draw holds ``DRAW_EVERY`` steps, a request's until it observes):
+Each step decides under one draw of the costs, of each phase's rates and calibrator and of each
+request's own record (Thompson sampling; a draw holds ``DRAW_EVERY`` steps, a request's until it
+observes):
 a depth is tried as often as the posteriors say it may be the best, which prices a probe at
 what the whole step pays at its batch, and stops probing once the evidence is fresh.
 
@@ -71,6 +72,7 @@ class _PhaseDraw(NamedTuple):
     moved: list[float]  # drawn survival less the mean's, per position
     shifts: list[float]  # drawn rates less the mean's, in log-odds
     rho: float  # the phase's persistence (as of the draw)
+    calibration: list[float] | None  # a draw of the phase's calibrator (with confidences)
 
 
 class AdaptivePolicy:
@@ -167,9 +169,14 @@ class AdaptivePolicy:
             mean = rates.predict_one()
             drawn = rates.sample(self._rng)
             mean_survival, drawn_survival = survival(mean), survival(drawn)
+            calibration = None
+            if self._gating(phase):  # the gate and the drafting decision price drafts with it
+                calibration = self.calibrators[phase].sample(self._rng)
+                self.gated[phase].price(calibration)
             draw = self._draws[phase] = _PhaseDraw(
                 mean, drawn, drawn_survival, [d - m for d, m in zip(drawn_survival, mean_survival)],
-                [logit(d) - logit(m) for d, m in zip(drawn, mean)], self.persistence[phase].predict_one())
+                [logit(d) - logit(m) for d, m in zip(drawn, mean)], self.persistence[phase].predict_one(),
+                calibration)
         return draw
 
     def _gating(self, phase: Phase) -> bool:
@@ -312,8 +319,9 @@ class AdaptivePolicy:
                 continue
             shifts, own = self._shifts(phase, req)
             if features is not None and calibrators is not None:
-                z = calibrators[phase].logits(features[:available])
-                self.gated[phase].learn_one(z)
+                drafted = features[:available]
+                z = calibrators[phase].logits(drafted, self._draw(phase).calibration)
+                self.gated[phase].learn_one(drafted, z)
                 # the calibrator learns against the request's expected shift (not this step's draw)
                 self.offsets[req] = self._mean_offsets(phase, req) if own else None
                 survivals.append(survival([sigmoid(a + b) for a, b in zip(z, shifts)]))

@@ -14,7 +14,9 @@ approximation of the logistic likelihood, with forgetting: before each label the
 ``P <- (1 - q) P + q P0`` with ``q = 1/memory^2``, which keeps a well-observed coefficient's
 variance near ``1/(memory * information per label)``: about ``memory`` labels of memory, a
 drifting drafter followed within a few tens of labels, the covariance positive definite, and a
-direction never observed at the prior.
+direction never observed at the prior.  The decisions read a draw from the posterior
+(``sample``, Thompson sampling): a calibrator with few labels is uncertain, so some draws verify
+and it gets labels, where its mean alone might verify nothing and never learn.
 
 Reports (cumulative, on predictions made *before* each label was learned): mean predicted vs
 observed acceptance, ROC-AUC and expected calibration error, from ``BINS`` probability bins.
@@ -26,6 +28,7 @@ draft adds; ``decide.admit`` turns the step's survivals into depths.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -195,14 +198,33 @@ class ConfidenceCalibrator:
         self._fresh_var = [(1.0 - self.keep) * v for v in self.prior_var]
         self.report = CalibrationReport()
 
+    def sample(self, rng: random.Random) -> list[float]:
+        """One draw of ``theta = (w, b_1..b_N)`` from the posterior (``w`` kept ``>= 0``)."""
+        cov, dim = self.cov, self.dim
+        chol: list[list[float]] = []  # lower-triangular L with L L^T = cov
+        for i in range(dim):
+            row = [0.0] * dim
+            for j in range(i):
+                acc = cov[i][j] - sum(row[k] * chol[j][k] for k in range(j))
+                row[j] = acc / chol[j][j] if chol[j][j] > 0.0 else 0.0
+            acc = cov[i][i] - sum(v * v for v in row[:i])
+            row[i] = math.sqrt(acc) if acc > 0.0 else 0.0
+            chol.append(row)
+        eps = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+        theta = [t + sum(row[k] * eps[k] for k in range(i + 1)) for i, (t, row) in enumerate(zip(self.theta, chol))]
+        if theta[0] < 0.0:
+            theta[0] = 0.0
+        return theta
+
     def prob(self, feature: float, position: int, offset: float = 0.0) -> float:
         """P(draft at ``position`` (0-based) accepted | the drafts before it were); ``offset``: a
         known shift in log-odds (e.g. the request's own recent record), not fitted."""
         return _sigmoid(self.theta[0] * feature + self.theta[1 + min(position, self.positions - 1)] + offset)
 
-    def logits(self, features: Sequence[float]) -> list[float]:
-        """The calibrated log-odds ``w*f + b_j`` of each draft (no offset)."""
-        theta = self.theta
+    def logits(self, features: Sequence[float], theta: Sequence[float] | None = None) -> list[float]:
+        """The calibrated log-odds ``w*f + b_j`` of each draft (no offset), at the posterior mean
+        or at ``theta`` (a draw)."""
+        theta = self.theta if theta is None else theta
         w = theta[0]
         return [w * f + theta[1 + j] for j, f in enumerate(features[: self.positions])]
 
