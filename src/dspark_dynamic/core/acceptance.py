@@ -247,15 +247,6 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return 1.0 + sum(survival(rates[:k]))
 
 
-def _running_survival(logits: tuple[float, ...]) -> tuple[float, ...]:
-    """``s_j = prod_{i<=j} sigmoid(z_i)``."""
-    out, s = [], 1.0
-    for z in logits:
-        s *= 1.0 / (1.0 + math.exp(-z)) if z >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(z))
-        out.append(s)
-    return tuple(out)
-
-
 class GateSample:
     """A phase's last ``RESERVOIR`` gated drafts (see the module docstring): each draft's features
     (per position), priced with one calibration ``theta = (w, b_1..b_N)`` (``price``: the phase's
@@ -280,7 +271,7 @@ class GateSample:
         theta = self.theta
         w = theta[0]
         logits = tuple(w * f + theta[1 + j] for j, f in enumerate(features))
-        return logits, _running_survival(logits)
+        return logits, tuple(survival([sigmoid(z) for z in logits]))
 
     def price(self, theta: list[float]) -> None:
         """Price every draft with ``theta`` (a no-op when it is the one they carry)."""
@@ -292,24 +283,21 @@ class GateSample:
         self._sums = [sum(surv[j] for _f, _z, surv in entries if len(surv) > j) for j in range(self.positions)]
         self._descending = None
 
-    def learn_one(self, features: list[float], logits: list[float] | None = None) -> None:
-        """One gated draft's features (``logits``: the same priced with ``theta``, if in hand)."""
+    def learn_one(self, features: list[float]) -> tuple[float, ...]:
+        """One gated draft's features; returns their log-odds, priced with ``theta``."""
         entries, sums, counts = self.entries, self._sums, self._counts
         if len(entries) == RESERVOIR:
             for j, v in enumerate(entries.popleft()[2]):
                 sums[j] -= v
                 counts[j] -= 1
         f = tuple(features[: self.positions])
-        if logits is None:
-            z, surv = self._priced(f)
-        else:
-            z = tuple(logits[: self.positions])
-            surv = _running_survival(z)
+        z, surv = self._priced(f)
         for j, v in enumerate(surv):
             sums[j] += v
             counts[j] += 1
         entries.append((f, z, surv))
         self._descending = None
+        return z
 
     def _ordered(self) -> list[list[float]]:
         ordered = self._descending

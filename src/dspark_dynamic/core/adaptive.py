@@ -72,7 +72,6 @@ class _PhaseDraw(NamedTuple):
     moved: list[float]  # drawn survival less the mean's, per position
     shifts: list[float]  # drawn rates less the mean's, in log-odds
     rho: float  # the phase's persistence (as of the draw)
-    calibration: list[float] | None  # a draw of the phase's calibrator (with confidences)
 
 
 class AdaptivePolicy:
@@ -169,14 +168,11 @@ class AdaptivePolicy:
             mean = rates.predict_one()
             drawn = rates.sample(self._rng)
             mean_survival, drawn_survival = survival(mean), survival(drawn)
-            calibration = None
             if self._gating(phase):  # the gate and the drafting decision price drafts with it
-                calibration = self.calibrators[phase].sample(self._rng)
-                self.gated[phase].price(calibration)
+                self.gated[phase].price(self.calibrators[phase].sample(self._rng))
             draw = self._draws[phase] = _PhaseDraw(
                 mean, drawn, drawn_survival, [d - m for d, m in zip(drawn_survival, mean_survival)],
-                [logit(d) - logit(m) for d, m in zip(drawn, mean)], self.persistence[phase].predict_one(),
-                calibration)
+                [logit(d) - logit(m) for d, m in zip(drawn, mean)], self.persistence[phase].predict_one())
         return draw
 
     def _gating(self, phase: Phase) -> bool:
@@ -312,6 +308,7 @@ class AdaptivePolicy:
         if calibrators is not None and not self.confidence_seen and any(f is not None for _p, _r, f, _a in items):
             self.confidence_seen = True
             self._ready.clear()  # readiness now asks for calibration labels
+            self._draws.clear()  # drawn again with the calibrators
         for phase, req, features, available in items:
             if phase not in self._ready and not self.ready(phase):
                 survivals.append([1.0] * min(self.defaults[phase], available))  # the default's drafts count as sure
@@ -319,9 +316,8 @@ class AdaptivePolicy:
                 continue
             shifts, own = self._shifts(phase, req)
             if features is not None and calibrators is not None:
-                drafted = features[:available]
-                z = calibrators[phase].logits(drafted, self._draw(phase).calibration)
-                self.gated[phase].learn_one(drafted, z)
+                self._draw(phase)  # prices the phase's gated drafts with its calibrator's draw
+                z = self.gated[phase].learn_one(features[:available])
                 # the calibrator learns against the request's expected shift (not this step's draw)
                 self.offsets[req] = self._mean_offsets(phase, req) if own else None
                 survivals.append(survival([sigmoid(a + b) for a, b in zip(z, shifts)]))

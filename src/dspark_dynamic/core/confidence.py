@@ -221,10 +221,9 @@ class ConfidenceCalibrator:
         known shift in log-odds (e.g. the request's own recent record), not fitted."""
         return _sigmoid(self.theta[0] * feature + self.theta[1 + min(position, self.positions - 1)] + offset)
 
-    def logits(self, features: Sequence[float], theta: Sequence[float] | None = None) -> list[float]:
-        """The calibrated log-odds ``w*f + b_j`` of each draft (no offset), at the posterior mean
-        or at ``theta`` (a draw)."""
-        theta = self.theta if theta is None else theta
+    def logits(self, features: Sequence[float]) -> list[float]:
+        """The calibrated log-odds ``w*f + b_j`` of each draft (no offset)."""
+        theta = self.theta
         w = theta[0]
         return [w * f + theta[1 + j] for j, f in enumerate(features[: self.positions])]
 
