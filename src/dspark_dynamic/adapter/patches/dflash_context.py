@@ -24,6 +24,16 @@ proposer lacks the buffers the hold reads, or a KV connector may save or send th
 cache after any step, each idle step writes its context at once (``build_model_inputs_first_pass``,
 as vLLM does).
 
+``GPUModelRunner.propose_draft_token_ids`` (wrapped): where the context is held, an idle step
+does not build vLLM's drafting inputs either (the next tokens, the padded batch's sample
+indices, the fused first-pass kernel: the query block it lays out is never read).  It holds the
+rows vLLM's padded path hands the drafter as context: every token the step processed, its
+target's auxiliary hidden states and position, and its slot, looked up in the block table as
+vLLM's first-pass kernel looks it up (``context_slots``).  Only with sync scheduling (the
+next tokens' counts are copied out for the next step only under async scheduling), the padded
+drafter batch, no multimodal or M-RoPE inputs and no target override of the drafter's hidden
+states; otherwise vLLM's path runs and the proposer's wrapper holds the same rows.
+
 Limits: not under data parallel (every rank's drafter forward takes part in one cross-rank
 padding exchange, so one rank may not skip it alone).  Model Runner V2 (vLLM 0.34, DSpark on
 the fork) drafts elsewhere: there the drafter runs at depth 0 and the cost model knows it
@@ -45,6 +55,7 @@ from dspark_dynamic.adapter.patching import Patch, Where
 logger = logging.getLogger("vllm.dspark_dynamic")
 
 DFLASH_MODULE = "vllm.v1.spec_decode.dflash"
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 ATTR = "_dspark_dynamic_dflash_context"  # on a proposer: True when it skips idle forwards, else None
 # what the context-only pass calls (vLLM's own methods, in vLLM's order): on the model, then on
 # the proposer
@@ -55,6 +66,7 @@ PROPOSER_NEEDS = ("set_inputs_first_pass", "build_model_inputs_first_pass")
 # size, ``_dflash_num_context``, which it sets on its first call); the model's writer
 HOLD_NEEDS = ("_context_positions_buffer", "_context_slot_mapping_buffer")
 HOLD_MODEL_NEEDS = ("precompute_and_store_context_kv",)
+RUNNER_HOLDS = "_dspark_dynamic_runner_holds"  # on a runner: True once an idle step held its context there
 HELD = "_dspark_dynamic_held_context"  # on a proposer: its ``HeldContext`` (None: written at once)
 # Context rows held before they are written anyway (speed: one batched write instead of one per
 # idle step; memory: this many rows of the target's hidden states; not a policy constant)
@@ -115,9 +127,13 @@ class HeldContext:
 
     def hold(self, states: Any, positions: Any, slots: Any) -> None:
         # copies: the proposer's buffers (and the runner's, on some paths) are reused next step
-        self.states.append(states.clone())
-        self.positions.append(positions.clone())
-        self.slots.append(slots.clone())
+        self.hold_owned(states.clone(), positions.clone(), slots.clone())
+
+    def hold_owned(self, states: Any, positions: Any, slots: Any) -> None:
+        """``hold`` for tensors no one else writes to (made for the hold)."""
+        self.states.append(states)
+        self.positions.append(positions)
+        self.slots.append(slots)
         self.rows += int(positions.shape[0])
 
     def write(self, proposer: Any) -> None:
@@ -206,7 +222,85 @@ def _propose(original):
     return propose
 
 
+def context_slots(positions: Any, cad: Any, block_size: int) -> Any:
+    """Each context row's KV slot, as vLLM's DFlash first-pass kernel computes it: the row's
+    request (from ``query_start_loc``), its block ``position // block_size`` clamped to the
+    block table's last column, ``block * block_size + position % block_size``."""
+    import torch
+
+    table = cad.block_table_tensor
+    num_reqs = cad.num_reqs
+    starts = cad.query_start_loc_cpu[: num_reqs + 1]
+    rows = torch.repeat_interleave(starts[1:] - starts[:-1]).to(table.device)
+    last_column = min(table.stride(0), table.shape[1]) - 1
+    blocks = torch.clamp(positions // block_size, max=last_column)
+    return table[rows, blocks].to(torch.int64) * block_size + positions % block_size
+
+
+def held_by_runner(runner: Any, scheduler_output: Any, aux_hidden_states: Any) -> Any:
+    """The drafter's ``HeldContext`` when this step may hold its context at the runner (see the
+    module docstring), else None."""
+    if getattr(scheduler_output, "num_spec_tokens_to_schedule", None) != 0:
+        return None
+    drafter = getattr(runner, "drafter", None)
+    state = getattr(drafter, "__dict__", {})
+    held = state.get(HELD)
+    if state.get(ATTR) is not True or held is None or aux_hidden_states is None:
+        return None
+    if (getattr(runner.speculative_config, "disable_padded_drafter_batch", True)
+            or getattr(runner, "valid_sampled_token_count_event", None) is not None
+            or not getattr(runner, "use_aux_hidden_state_outputs", False)
+            or getattr(runner, "uses_mrope", False)
+            or (getattr(runner, "supports_mm_inputs", False) and getattr(drafter, "supports_mm_inputs", False))
+            or getattr(runner.get_model(), "get_mtp_target_hidden_states", None) is not None):
+        return None
+    return held
+
+
+def _runner_propose(original):
+    where = "GPUModelRunner.propose_draft_token_ids"
+    signature = inspect.signature(original)
+    readers = {name: argument_reader(signature, name)
+               for name in ("scheduler_output", "aux_hidden_states", "common_attn_metadata")}
+
+    @functools.wraps(original)
+    def propose_draft_token_ids(self: Any, *args: Any, **kwargs: Any):
+        result = None
+        try:
+            scheduler_output, aux, cad = (read(args, kwargs) for read in readers.values())
+            held = held_by_runner(self, scheduler_output, aux)
+            if held is not None:
+                import torch
+
+                drafter = self.drafter
+                if not self.__dict__.get(RUNNER_HOLDS):
+                    self.__dict__[RUNNER_HOLDS] = True
+                    logger.info("dspark_dynamic: an idle DFlash drafter's steps hold its context without vLLM's "
+                                "drafting inputs")
+                n = scheduler_output.total_num_scheduled_tokens
+                positions = self._get_positions(n)
+                held.hold_owned(torch.cat([h[:n] for h in aux], dim=-1), positions.clone(),
+                                context_slots(positions, cad, drafter.block_size))
+                if held.rows >= HOLD_TOKENS:
+                    held.write(drafter)
+                self._draft_probs = None
+                if hasattr(self, "_draft_prob_req_ids"):
+                    self._draft_prob_req_ids = None
+                drafter._last_draft_probs = None
+                result = torch.empty(cad.batch_size(), 0, device=positions.device, dtype=torch.int64)
+        except Exception as exc:  # vLLM's path runs this step; a held context not written is lost
+            drafter = getattr(self, "drafter", None)
+            if drafter is not None:
+                drafter.__dict__[HELD] = None
+                GUARD.trip(drafter, where, exc)
+            result = None
+        return original(self, *args, **kwargs) if result is None else result
+
+    return propose_draft_token_ids
+
+
 D = "v1/spec_decode/dflash.py"
+R = "v1/worker/gpu_model_runner.py"
 P = "v1/spec_decode/llm_base_proposer.py"
 
 PATCHES = (
@@ -224,5 +318,18 @@ PATCHES = (
                     f"{P}:511, inherited (K = 0: forward :599, empty :619; context {D}:283)",
                     v034=f"absent: vLLM 0.34 has no Model Runner V1 (no {D})"),
         removable_when="vLLM's DFlash skips the forward when no drafts are asked for",
+    ),
+    Patch(
+        "dflash-idle-step",
+        RUNNER_MODULE,
+        "GPUModelRunner.propose_draft_token_ids",
+        _runner_propose,
+        params=("scheduler_output", "aux_hidden_states", "common_attn_metadata"),
+        why="an idle DFlash drafter's step holds its context without vLLM's drafting inputs (next tokens, padded "
+            "batch, first-pass kernel)",
+        process="worker",
+        where=Where(f"{R}:4852", f"{R}:4748", f"{R}:4714",
+                    v034=f"absent: vLLM 0.34 has no Model Runner V1 (no {R})"),
+        removable_when="vLLM's runner skips the drafting inputs of a step that drafts nothing",
     ),
 )
