@@ -58,7 +58,7 @@ def replay(steps: list[dict], catches_up: bool) -> dict[str, list[float]]:
         t = float(row["step_s"])
         if linear.known:
             x = features(shape)
-            pred = linear.predict_one(x)
+            pred = linear.predict_one(x) * linear.speed  # at the machine's speed as of the last step
             fallback = pred
             tab = table.predict_one(shape, fallback)
             rare = seen.get(shape, 0) < RARE
@@ -67,7 +67,7 @@ def replay(steps: list[dict], catches_up: bool) -> dict[str, list[float]]:
                 errs[name].append(e)
                 if rare:
                     errs[f"{name} rare"].append(e)
-            sd = math.sqrt(linear.noise + sum(linear.sd(i) ** 2 * v * v for i, v in enumerate(x)))
+            sd = linear.speed * math.sqrt(linear.noise + sum(linear.sd(i) ** 2 * v * v for i, v in enumerate(x)))
             errs["covered"].append(1.0 if abs(t - pred) <= 1.645 * sd else 0.0)
         linear.learn_one(shape, t)
         table.learn_one(shape, t)

@@ -2,16 +2,23 @@
 
 ``StepCost`` predicts a decode step's time from what it carries,
 ``x = (1, requests, drafts verified, any draft verified, drafter ran, positions drafted per
-request, positions drafted in all, drafter resumed)``: ``time = theta . x`` seconds.
+request, positions drafted in all, drafter resumed)``: ``time = speed * theta . x`` seconds.
 - Bayesian linear regression: a Gaussian prior on ``theta`` (from the configured cost ratios,
   scaled to the first steps' times) and a Gaussian posterior given the steps seen, with the
   noise variance estimated from the residuals.  ``predict_one(x)`` is the posterior mean,
   ``sample(rng)`` one draw of ``theta`` (Thompson sampling: a choice is explored as often as the
   posterior says it may be the best, and never again once the posterior says it is not).
+- The machine's speed: ``speed``, the running geometric mean of measured over predicted step
+  time over the last ``WARMUP`` steps divided by the same over ``MEMORY`` steps (each ratio
+  clipped to ``[1/CLIP, CLIP]``), follows a machine whose every cost moves together for a while
+  (a shared host, frequency scaling); each step is fitted divided by the speed before it.  The
+  coefficients then hold the costs at the machine's speed over the model's memory, a spell
+  faster or slower than that is not read as the cost of the kind of step that ran during it,
+  and decisions, which compare tokens per second, are the same at any common speed.
 - Forgetting: every step multiplies the data's weight by ``1 - 1/MEMORY``, so the model follows
-  the machine (a directions the recent data did not vary goes back to the prior: its width
-  makes the decision try it again, so a size seen once while the machine was slow is not a
-  dead spot).
+  a change in what the steps cost relative to each other (a direction the recent data did not
+  vary goes back to the prior: its width makes the decision try it again, so a size seen once
+  is not a dead spot).
 - Robust: a step's residual is clipped at ``CLIP`` times the running mean absolute residual
   before it is fitted (a stray slow step on a shared machine, a compilation, an allocator stall).
 - A step that drafts after one that drafted nothing, where the idle drafter was skipped, also
@@ -22,6 +29,8 @@ weighted Gram matrix); the data's statistics are kept per step shape (one dict u
 O(1) on the scheduler's critical path) and solved every ``SOLVE_EVERY`` steps (more often while
 fresh, and when a drafting depth is first seen: see there); without
 ``learn`` the costs are the prior's, in units of a plain one-request decode step.
+``predict_one`` and ``sample`` are at the steady speed; ``speed * predict_one(x)`` is the step's
+time now.
 
 ``ShapeTable`` is the alternative the peers use (a mean time per shape, nothing shared between
 shapes); ``scripts/cost_models.py`` measures both on recorded steps.
@@ -39,9 +48,11 @@ STEP, REQUEST, VERIFIED, FIRST, DRAFTER, DRAFTED, DRAFTED_ALL, RESUMED = range(8
 NAMES = ("step", "request", "verified", "first verified", "drafter", "drafted", "drafted x requests", "resumed")
 N_FEATURES = len(NAMES)
 
-MEMORY = 500.0  # steps of memory (tuned: the testbed's machine state moves over ~1000 steps)
+MEMORY = 500.0  # steps of memory of the relative costs (tuned: the testbed's state moves over ~1000 steps)
 CLIP = 3.0  # residuals clipped at this many mean absolute residuals (tuned)
-WARMUP = 16  # an engine's first decode steps are not fitted: caches, allocator (tuned)
+WARMUP = 16  # an engine's first decode steps are not fitted (caches, allocator); also the memory of
+# ``speed``: the steps over which the machine's speed is taken as steady (tuned: 16-32 replay the
+# traced testbed steps' within-request prices closest, 100 follows a slow spell too late)
 PRIOR_SD = 0.5  # prior standard deviation of every coefficient, in plain one-request steps (tuned)
 SOLVE_EVERY = 128  # steps between solves (speed: a solve costs ~150 us; the posterior moves slowly)
 # Besides: a solve at each power of two from WARMUP up to SOLVE_EVERY fitted steps (16, 32, 64:
@@ -128,7 +139,10 @@ class StepCost:
         # sum w, sum w y, sum w y^2] (a policy's shapes map one to one to their features)
         self._entries: dict[Shape, list] = {}
         self.abs_err = 0.0
-        self.noise = 0.0  # residual variance (seconds^2)
+        self.noise = 0.0  # residual variance (seconds^2, at the steady speed)
+        self.speed = 1.0  # the machine's speed lately over its speed in the model's memory (see above)
+        self._log_lately = self._log_usually = 0.0
+        self._level = 0.0  # log of how far the fit's predictions have moved since the warm-up (at solves)
         self._depths_seen: set[int] = set()  # drafting depths of the fitted steps
 
     @property
@@ -159,7 +173,16 @@ class StepCost:
         pred = entry[1]
         if pred is None:  # the mean changes only at a solve
             pred = entry[1] = self.predict_one(x)
-        err = seconds - pred
+        speed = self.speed
+        if pred > 0.0:  # the machine's speed: running geometric means of clipped ratios, lately and over MEMORY
+            ratio = seconds / pred
+            # the machine's level: the ratio to the fit plus the fit's own level (so the fit
+            # catching up with a slower machine does not read as the machine speeding up)
+            log_ratio = math.log(CLIP if ratio > CLIP else (1.0 / CLIP if ratio < 1.0 / CLIP else ratio)) + self._level
+            self._log_lately += (log_ratio - self._log_lately) / WARMUP
+            self._log_usually += (log_ratio - self._log_usually) / MEMORY
+            self.speed = math.exp(self._log_lately - self._log_usually)
+        err = seconds / speed - pred
         abs_err = self.abs_err
         if abs_err > 0.0:
             bound = CLIP * abs_err
@@ -234,7 +257,19 @@ class StepCost:
         if cov is None:
             return
         rhs = [xy[i] / self.noise + self.scale * self.relative[i] / prior_var for i in range(n)]
+        old = self.mean
         self.mean = [sum(cov[i][j] * rhs[j] for j in range(n)) for i in range(n)]
+        moved = total = 0.0  # the fit's level moves by its predictions' mean log change over the steps seen
+        for entry in self._entries.values():
+            w = entry[2]
+            if w > 0.0:
+                x = entry[0]
+                before, after = sum(a * v for a, v in zip(old, x)), sum(a * v for a, v in zip(self.mean, x))
+                if before > 0.0 and after > 0.0:
+                    moved += w * math.log(after / before)
+                    total += w
+        if total > 0.0:
+            self._level += moved / total
         self._forget_predictions()
         low = _cholesky(cov)
         self._low = None if low is None else [row[: i + 1] for i, row in enumerate(low)]

@@ -68,6 +68,7 @@ class SpeedEstimate:
             plain = cost.predict_one(features(Shape(r, 0, 0, idle_drafter_runs=idle_drafter_runs)))
             fixed = cost.predict_one(features(Shape(r, r * self.depth, self.depth)))
             prices = self._prices[r] = (plain, fixed)
+        steady = seconds / cost.speed  # the step's time at the speed the prices are in
         w = self._w = self._w * self.grow
         if w > 1e12:  # renormalise (the ratios are unchanged)
             for acc in self.sums.values():
@@ -77,7 +78,7 @@ class SpeedEstimate:
         for phase, n in requests.items():
             acc = self.sums[phase]
             share = per * n
-            acc[0] += seconds * share
+            acc[0] += steady * share
             acc[1] += w * tokens.get(phase, 0)
             acc[2] += prices[0] * share
             acc[3] += w * n
