@@ -66,7 +66,7 @@ PROPOSER_NEEDS = ("set_inputs_first_pass", "build_model_inputs_first_pass")
 # size, ``_dflash_num_context``, which it sets on its first call); the model's writer
 HOLD_NEEDS = ("_context_positions_buffer", "_context_slot_mapping_buffer")
 HOLD_MODEL_NEEDS = ("precompute_and_store_context_kv",)
-RUNNER_HOLDS = "_dspark_dynamic_runner_holds"  # on a runner: True once an idle step held its context there
+RUNNER_HOLDS = "_dspark_dynamic_runner_holds"  # on a runner: whether its idle steps hold the context (once decided)
 HELD = "_dspark_dynamic_held_context"  # on a proposer: its ``HeldContext`` (None: written at once)
 # Context rows held before they are written anyway (speed: one batched write instead of one per
 # idle step; memory: this many rows of the target's hidden states; not a policy constant)
@@ -237,22 +237,31 @@ def context_slots(positions: Any, cad: Any, block_size: int) -> Any:
     return table[rows, blocks].to(torch.int64) * block_size + positions % block_size
 
 
-def held_by_runner(runner: Any, scheduler_output: Any, aux_hidden_states: Any) -> Any:
-    """The drafter's ``HeldContext`` when this step may hold its context at the runner (see the
-    module docstring), else None."""
-    if getattr(scheduler_output, "num_spec_tokens_to_schedule", None) != 0:
-        return None
-    drafter = getattr(runner, "drafter", None)
-    state = getattr(drafter, "__dict__", {})
-    held = state.get(HELD)
-    if state.get(ATTR) is not True or held is None or aux_hidden_states is None:
-        return None
-    if (getattr(runner.speculative_config, "disable_padded_drafter_batch", True)
+def runner_may_hold(runner: Any) -> bool:
+    """This runner's idle steps may hold the context themselves (see the module docstring): what
+    it reads is fixed for the runner's life, so it is decided once and kept on the runner."""
+    allowed = runner.__dict__.get(RUNNER_HOLDS)
+    if allowed is None:
+        drafter = runner.drafter
+        allowed = runner.__dict__[RUNNER_HOLDS] = not (
+            getattr(runner.speculative_config, "disable_padded_drafter_batch", True)
             or getattr(runner, "valid_sampled_token_count_event", None) is not None
             or not getattr(runner, "use_aux_hidden_state_outputs", False)
             or getattr(runner, "uses_mrope", False)
             or (getattr(runner, "supports_mm_inputs", False) and getattr(drafter, "supports_mm_inputs", False))
-            or getattr(runner.get_model(), "get_mtp_target_hidden_states", None) is not None):
+            or getattr(runner.get_model(), "get_mtp_target_hidden_states", None) is not None)
+        if allowed:
+            logger.info("dspark_dynamic: an idle DFlash drafter's steps hold its context without vLLM's drafting inputs")
+    return allowed
+
+
+def held_by_runner(runner: Any, scheduler_output: Any, aux_hidden_states: Any) -> Any:
+    """The drafter's ``HeldContext`` when this step may hold its context at the runner, else None."""
+    if getattr(scheduler_output, "num_spec_tokens_to_schedule", None) != 0:
+        return None
+    state = getattr(getattr(runner, "drafter", None), "__dict__", {})
+    held = state.get(HELD)
+    if state.get(ATTR) is not True or held is None or aux_hidden_states is None or not runner_may_hold(runner):
         return None
     return held
 
@@ -273,10 +282,6 @@ def _runner_propose(original):
                 import torch
 
                 drafter = self.drafter
-                if not self.__dict__.get(RUNNER_HOLDS):
-                    self.__dict__[RUNNER_HOLDS] = True
-                    logger.info("dspark_dynamic: an idle DFlash drafter's steps hold its context without vLLM's "
-                                "drafting inputs")
                 n = scheduler_output.total_num_scheduled_tokens
                 positions = self._get_positions(n)
                 held.hold_owned(torch.cat([h[:n] for h in aux], dim=-1), positions.clone(),
