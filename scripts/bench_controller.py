@@ -104,6 +104,70 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
     return elapsed / (steps * num_requests) * 1e6
 
 
+def bench_reference(repeats: int = 7) -> float:
+    """Microseconds of a fixed pure-Python workload on this machine (best of ``repeats``): 100
+    rounds of a call, attribute reads, float arithmetic, a dict lookup and a list append, the
+    kinds of work a controller step does.  The controller's cost is also printed in this unit,
+    so that runs on machines of different speed compare."""
+
+    class Box:
+        __slots__ = ("a", "b")
+
+        def __init__(self) -> None:
+            self.a, self.b = 0.5, 0.25
+
+    def work(box: Box, table: dict, out: list) -> float:
+        x = box.a * box.b + table.get("k", 0.0)
+        out.append(x)
+        return x
+
+    box, table, best = Box(), {"k": 1.0}, float("inf")
+    for _ in range(repeats):
+        out: list = []
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            for _ in range(100):
+                work(box, table, out)
+            out.clear()
+        best = min(best, (time.perf_counter() - t0) / 2000)
+    return best * 1e6
+
+
+def count_lines(num_requests: int, steps: int, policy_name: str) -> float:
+    """Python lines the controller runs per request-step (``sys.settrace`` line events inside its
+    calls, the same drive as ``bench_steps``): the machine-independent form of its cost."""
+    import sys
+
+    lines = 0
+
+    def tracer(frame, event, arg):
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return tracer
+
+    methods = ("set_confidences", "before_schedule", "plan_drafts", "after_output")
+    originals = {name: getattr(DepthController, name) for name in methods}
+
+    def traced(original):
+        def call(self, *args, **kwargs):
+            sys.settrace(tracer)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                sys.settrace(None)
+        return call
+
+    try:
+        for name, original in originals.items():
+            setattr(DepthController, name, traced(original))
+        bench_steps(num_requests, steps, BatchDepth.PER_REQUEST, policy_name)
+    finally:
+        for name, original in originals.items():
+            setattr(DepthController, name, original)
+    return lines / (steps * num_requests)
+
+
 def bench_capture(shapes=((1, 2, 256), (1, 2, 129280), (8, 2, 129280)), repeats: int = 20) -> dict:
     """Milliseconds per step for the Model Runner V1 capture: the drafter's logits scored once per
     proposal (``log_max_prob``) and turned into features on the host (``feature_of_log_prob``),
@@ -150,8 +214,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=3, help="runs per setting; the best is printed")
     args = ap.parse_args()
+    reference = bench_reference()
+    print(f"reference: {reference:.2f} us for a fixed pure-Python workload on this machine (the unit 'ref' below)")
     print("controller cost per request per step (before_schedule + plan_drafts + after_output)")
-    print(f"{'requests':>9} {'policy':>20} {'batch_depth':>12} {'markers':>14} {'us/req/step':>12}")
+    print(f"{'requests':>9} {'policy':>20} {'batch_depth':>12} {'markers':>14} {'us/req/step':>12} {'ref':>6}")
     for markers in MARKER_SETS:
         for policy in ("phase", "adaptive", "adaptive+confidence"):
             for batch in (BatchDepth.PER_REQUEST, BatchDepth.MAX):
@@ -161,7 +227,11 @@ def main() -> None:
                     # best of a few runs, each with a fresh controller: the machine's noise only adds
                     us = min(bench_steps(n, max(50, args.steps // max(1, n // 8)), batch, policy, markers)
                              for _ in range(args.repeats))
-                    print(f"{n:>9} {policy:>20} {batch.value:>12} {markers:>14} {us:>12.2f}")
+                    print(f"{n:>9} {policy:>20} {batch.value:>12} {markers:>14} {us:>12.2f} {us / reference:>6.2f}")
+    print("\nPython lines run per request-step (machine-independent; single markers, per_request)")
+    for policy in ("phase", "adaptive", "adaptive+confidence"):
+        print(f"  {policy:>20}: " + ", ".join(f"{n} requests {count_lines(n, max(50, 1000 // max(1, n // 8)), policy):.0f}"
+                                            for n in args.requests))
     capture = bench_capture()
     if capture:
         print("\nconfidence capture per engine step (worker: feature over the step's draft logits, CPU, ms)")

@@ -33,11 +33,11 @@ def print_table(title: str, results, baseline: str = "fixed k=2") -> None:
     oracle = next((r for r in results if r.name == "oracle per step"), results[-1]).tok_per_s
     hindsight = results[-1].tok_per_s
     print(f"\n== {title}")
-    print(f"{'policy':<28} {'tok/s':>7} {'vs k=2':>7} {'vs phase':>8} {'vs oracle':>9} {'vs hindsight':>12} "
+    print(f"{'policy':<38} {'tok/s':>7} {'vs k=2':>7} {'vs phase':>8} {'vs oracle':>9} {'vs hindsight':>12} "
           f"{'accept%':>8} {'mean k':>7}")
     for r in results:
         acc = 100.0 * r.accepted / r.verified if r.verified else 0.0
-        print(f"{r.name:<28} {r.tok_per_s:>7.2f} {r.tok_per_s / base:>7.3f} {r.tok_per_s / phase:>8.3f} "
+        print(f"{r.name:<38} {r.tok_per_s:>7.2f} {r.tok_per_s / base:>7.3f} {r.tok_per_s / phase:>8.3f} "
               f"{r.tok_per_s / oracle:>9.3f} {r.tok_per_s / hindsight:>12.3f} {acc:>7.1f}% {r.verified / r.steps:>7.2f}")
 
 
@@ -63,10 +63,11 @@ def main() -> None:
     for path in args.trace:
         traces[f"recorded: {path}"] = load_trace(path)
     for title, trace in traces.items():
-        features = None
+        features = model = None
         if args.confidence_auc is not None:
-            features = draft_features(trace, ConfidenceModel.with_auc(args.confidence_auc), args.max_k)
-        print_table(title, compare(trace, cost, max_k=args.max_k, features=features))
+            model = ConfidenceModel.with_auc(args.confidence_auc)
+            features = draft_features(trace, model, args.max_k)
+        print_table(title, compare(trace, cost, max_k=args.max_k, features=features, confidence=model))
 
 
 if __name__ == "__main__":

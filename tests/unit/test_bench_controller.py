@@ -30,3 +30,12 @@ def test_marker_sets_run_and_flip(bench, markers):
     assert bench.bench_steps(4, 60, BatchDepth.PER_REQUEST, "phase", markers) > 0
     assert bench.bench_steps(4, 60, BatchDepth.PER_REQUEST, "adaptive+confidence", markers) > 0
     assert bench.bench_prompt_scan(10_000, 9_999, markers) >= 0
+
+
+def test_lines_per_request_step_count_the_controller_and_grow_with_the_policy(bench):
+    """The machine-independent cost: the adaptive policy runs more lines than the phase policy,
+    and nothing is counted outside the controller's calls (the harness's own work is not)."""
+    phase = bench.count_lines(2, 100, "phase")
+    adaptive = bench.count_lines(2, 100, "adaptive")
+    assert 10 < phase < adaptive
+    assert bench.bench_reference(repeats=1) > 0

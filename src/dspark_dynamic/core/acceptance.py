@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
+from collections.abc import Sequence
 
 REQUEST_MEMORY = 12.0  # steps a request's own record remembers (tuned on the drift workload)
 RESERVOIR = 16  # gated drafts per phase and position the drafting decision reads (tuned)
@@ -75,22 +76,24 @@ class PositionRates:
     def _age(self) -> None:
         lag = self._clock - self._aged
         if lag:
-            f = self.keep ** lag
-            self.succ = [s * f for s in self.succ]
-            self.seen = [s * f for s in self.seen]
+            scale = (self.keep ** lag).__mul__
+            self.succ = list(map(scale, self.succ))
+            self.seen = list(map(scale, self.seen))
             self._aged = self._clock
             self._means = None
 
     def learn_one(self, verified: int, accepted: int) -> None:
         if verified <= 0:
             return
-        self._age()
+        if self._clock != self._aged:
+            self._age()
+        seen, succ, all_seen, all_succ = self.seen, self.succ, self.all_seen, self.all_succ
         for j in range(min(verified, accepted + 1, self.n)):
-            self.seen[j] += 1.0
-            self.all_seen[j] += 1
+            seen[j] += 1.0
+            all_seen[j] += 1
             if j < accepted:
-                self.succ[j] += 1.0
-                self.all_succ[j] += 1
+                succ[j] += 1.0
+                all_succ[j] += 1
         self.observations += 1
         self._means = None
 
@@ -179,9 +182,9 @@ class RequestRecord:
 
     def _aged(self) -> None:
         if self.steps:
-            k = (1.0 - 1.0 / REQUEST_MEMORY) ** self.steps
-            self._succ = [s * k for s in self._succ]
-            self._seen = [s * k for s in self._seen]
+            scale = ((1.0 - 1.0 / REQUEST_MEMORY) ** self.steps).__mul__
+            self._succ = list(map(scale, self._succ))
+            self._seen = list(map(scale, self._seen))
             self.steps = 0
 
     def age(self) -> None:
@@ -198,11 +201,13 @@ class RequestRecord:
         return self._seen
 
     def learn_one(self, verified: int, accepted: int) -> None:
-        self._aged()
-        for j in range(min(verified, accepted + 1, len(self._seen))):
-            self._seen[j] += 1.0
+        if self.steps:
+            self._aged()
+        seen, succ = self._seen, self._succ
+        for j in range(min(verified, accepted + 1, len(seen))):
+            seen[j] += 1.0
             if j < accepted:
-                self._succ[j] += 1.0
+                succ[j] += 1.0
 
     def mean_offsets(self, rates: list[float], rho: float) -> list[float]:
         """The posterior mean of this request's log-odds shifts (see ``sample_offsets``)."""
@@ -231,6 +236,21 @@ def shifted(rates: list[float], offsets: list[float] | None) -> list[float]:
     if not offsets:
         return rates
     return [sigmoid(logit(a) + o) for a, o in zip(rates, offsets)]
+
+
+def shifted_survival(logits: Sequence[float], shifts: Sequence[float]) -> list[float]:
+    """``survival`` of the rates ``sigmoid(z_j + shift_j)``."""
+    out, s = [], 1.0
+    exp = math.exp
+    for z, d in zip(logits, shifts):
+        z += d
+        if z >= 0.0:  # ``sigmoid`` written out
+            s *= 1.0 / (1.0 + exp(-z))
+        else:
+            e = exp(z)
+            s *= e / (1.0 + e)
+        out.append(s)
+    return out
 
 
 def survival(rates: list[float]) -> list[float]:
@@ -272,10 +292,15 @@ class GateSample:
         w = theta[0]
         logits, survivals = [], []
         s = 1.0
-        for j, f in enumerate(features):
-            z = w * f + theta[1 + j]
+        exp = math.exp
+        for f, b in zip(features, theta[1:]):
+            z = w * f + b
             logits.append(z)
-            s *= sigmoid(z)
+            if z >= 0.0:  # ``sigmoid`` written out (called once per draft and price)
+                s *= 1.0 / (1.0 + exp(-z))
+            else:
+                e = exp(z)
+                s *= e / (1.0 + e)
             survivals.append(s)
         return tuple(logits), tuple(survivals)
 
@@ -287,9 +312,10 @@ class GateSample:
         sums = [0.0] * self.positions
         priced = self._priced
         entries = deque()
+        append = entries.append
         for f, _z, _s in self.entries:
             z, surv = priced(f)
-            entries.append((f, z, surv))
+            append((f, z, surv))
             for j, v in enumerate(surv):
                 sums[j] += v
         self.entries = entries

@@ -46,6 +46,7 @@ from dspark_dynamic.core.acceptance import (
     RequestRecord,
     logit,
     shifted,
+    shifted_survival,
     sigmoid,
     survival,
 )
@@ -105,7 +106,7 @@ class AdaptivePolicy:
         self.records: dict[str, RequestRecord] = {}
         self.calibrators = {p: ConfidenceCalibrator(self.n) for p in Phase} if confidence else None
         self.reads_confidences = confidence
-        self.confidence_seen = False
+        self.confidence_seen = False  # drafts came with confidences (only where there are calibrators): gate on them
         self.min_labels = MIN_LABELS
         self.gated = {p: GateSample(self.n) for p in Phase}
         self.offsets: dict[str, list[float] | None] = {}  # per request: the offsets of its last gate
@@ -121,7 +122,7 @@ class AdaptivePolicy:
         self._solved = -1  # the cost model's solves at the last draw
         # drafting depths decided under the current draw, by ``_plan_key``
         self._plans: dict[tuple, int] = {}
-        self._step_terms: dict[tuple[int, bool], tuple] = {}  # ``_terms`` by batch, this draw
+        self._step_terms: dict[int, tuple] = {}  # ``_terms`` by batch (negative: resuming), this draw
         self._last_drafted = -1  # the drafter's depth in the previous step (-1: none seen)
         self._drafting_now = 0.0  # what the drafting planned for this step costs it
 
@@ -168,21 +169,18 @@ class AdaptivePolicy:
             mean = rates.predict_one()
             drawn = rates.sample(self._rng)
             mean_survival, drawn_survival = survival(mean), survival(drawn)
-            if self._gating(phase):  # the gate and the drafting decision price drafts with it
+            if self.confidence_seen:  # the gate and the drafting decision price drafts with it
                 self.gated[phase].price(self.calibrators[phase].sample(self._rng))
             draw = self._draws[phase] = _PhaseDraw(
                 mean, drawn, drawn_survival, [d - m for d, m in zip(drawn_survival, mean_survival)],
                 [logit(d) - logit(m) for d, m in zip(drawn, mean)], self.persistence[phase].predict_one())
         return draw
 
-    def _gating(self, phase: Phase) -> bool:
-        return self.calibrators is not None and self.confidence_seen
-
     def ready(self, phase: Phase) -> bool:
         """The phase may leave its default: costs solved, and evidence of its own (kept once true:
         solves, labels and observations only grow; forgotten when gating starts)."""
         if phase not in self._ready:
-            if not self.cost.known or not (self.calibrators[phase].report.labels >= self.min_labels if self._gating(phase)
+            if not self.cost.known or not (self.calibrators[phase].report.labels >= self.min_labels if self.confidence_seen
                                             else self.rates[phase].observations >= self.prior_weight):
                 return False
             self._ready.add(phase)
@@ -191,7 +189,8 @@ class AdaptivePolicy:
     def _terms(self, requests: int) -> tuple[tuple[float, float, float], list[float]]:
         """This draw's (base, verify, first) for ``requests``: seconds without verifying, per verified
         draft, once for any; and what drafting ``D = 0..N`` positions adds (kept for the draw)."""
-        key = (requests, resuming := self.drafter_catches_up and self._last_drafted == 0)
+        resuming = self.drafter_catches_up and self._last_drafted == 0
+        key = -requests if resuming else requests
         terms = self._step_terms.get(key)
         if terms is None:
             t = self._theta
@@ -257,7 +256,7 @@ class AdaptivePolicy:
         by_phase: dict[Phase, list] = {}  # requests that are their phase share one row
         for phase, req in rows:
             shifts, own = self._shifts(phase, req)
-            gating = self._gating(phase)
+            gating = self.confidence_seen
             if not own:  # the phase's draw: its gated drafts, the price moved by the draw
                 row = by_phase.get(phase)
                 if row is None:
@@ -320,7 +319,7 @@ class AdaptivePolicy:
                 z = self.gated[phase].learn_one(features[:available])
                 # the calibrator learns against the request's expected shift (not this step's draw)
                 self.offsets[req] = self._mean_offsets(phase, req) if own else None
-                survivals.append(survival([sigmoid(a + b) for a, b in zip(z, shifts)]))
+                survivals.append(shifted_survival(z, shifts))
             elif own:
                 survivals.append(survival(shifted(self.rates[phase].predict_one(), shifts))[:available])
             else:
@@ -366,7 +365,7 @@ class AdaptivePolicy:
         cost, and a random one cannot alias with a periodic pattern)."""
         if self._sampler.random() * DRAW_EVERY >= 1.0 or not self.cost.known or not self.cost.learn:
             return
-        yields = {p: fixed_yield(self.rates[p].predict_one(), self.n, self.gated[p] if self._gating(p) else None)
+        yields = {p: fixed_yield(self.rates[p].predict_one(), self.n, self.gated[p] if self.confidence_seen else None)
                   for p in requests}  # what one request-step at the fixed depth yields, per phase
         self.speed.learn_one(self.cost, seconds, requests, tokens, yields, self.idle_drafter_runs)
 

@@ -115,51 +115,60 @@ class DepthController:
         seen.clear()
         if self._begin is not None:
             self._begin()
+        states, rules, plans = self.states, self.rules, self.plans
         for request in running:
-            phase = self.phase_of(request)
             req_id = request.request_id
-            seen[req_id] = (phase, len(request.output_token_ids))
+            output = request.output_token_ids
+            state = states.get(req_id)
+            if state is None:
+                state = states[req_id] = rules.track(request)
+            phase = state.advance(rules, output)
+            seen[req_id] = (phase, len(output))
             if request.spec_token_ids:
                 drafting.append((request, phase))
             else:  # no drafts: none offered (-1), or none asked for (depth 0 planned)
-                plan = self.plans.get(req_id)
+                plan = plans.get(req_id)
                 decisions[req_id] = (phase, 0 if plan is not None and plan[1] == 0 else -1)
         if not drafting:
             self.confidences.clear()
             return decisions
-        features: dict[str, list[float]] = {}
         if self._gate is not None:
-            depths, features = self._gated(drafting)
-        else:
-            depths = [self._depth(request.request_id, phase) for request, phase in drafting]
-            if self.batch_depth is not BatchDepth.PER_REQUEST:
-                depths = apply_batch_depth(depths, self.batch_depth)
+            self._gated(drafting, decisions)
+            return decisions
+        depths = [self._depth(request.request_id, phase) for request, phase in drafting]
+        if self.batch_depth is not BatchDepth.PER_REQUEST:
+            depths = apply_batch_depth(depths, self.batch_depth)
         self.confidences.clear()  # they describe this step's drafts only
         for (request, phase), k in zip(drafting, depths):
             spec = request.spec_token_ids
             if k < len(spec):
                 request.spec_token_ids = spec[:k]
-            k = min(k, len(spec))
+            else:
+                k = len(spec)
             decisions[request.request_id] = (phase, k)
-            if request.request_id in features:
-                self.verifying[request.request_id] = features[request.request_id][:k]
         return decisions
 
-    def _gated(self, drafting: list[tuple[Any, Phase]]) -> tuple[list[int], dict[str, list[float]]]:
+    def _gated(self, drafting: list[tuple[Any, Phase]], decisions: Decisions) -> None:
         """The policy's depths for the step's drafting requests (each with its fresh confidences,
-        when it has them) and the confidences used, by request."""
-        items, used = [], {}
+        when it has them), into ``decisions``; the features of the drafts verified are kept."""
+        items = []
         confidences = self.confidences
         for request, phase in drafting:
-            req_id = request.request_id
-            f = confidences.pop(req_id, None) if confidences else None
+            f = confidences.pop(request.request_id, None) if confidences else None
             n = len(request.spec_token_ids)
-            if f is not None:
-                n = min(len(f), n)
-                used[req_id] = f
-            items.append((phase, req_id, f, n))
+            items.append((phase, request.request_id, f, n if f is None or len(f) >= n else len(f)))
+        confidences.clear()  # they describe this step's drafts only
         uniform = None if self.batch_depth is BatchDepth.PER_REQUEST else self.batch_depth.value
-        return self._gate(items, uniform), used
+        verifying = self.verifying
+        for (request, _phase), (phase, req_id, f, _n), k in zip(drafting, items, self._gate(items, uniform)):
+            spec = request.spec_token_ids
+            if k < len(spec):
+                request.spec_token_ids = spec[:k]
+            else:
+                k = len(spec)
+            decisions[req_id] = (phase, k)
+            if f is not None:
+                verifying[req_id] = f[:k]
 
     def plan_drafts(self, scheduled: Iterable[Any]) -> int | None:
         """Choose the next step's depth of every request that drafts in this step.
@@ -196,24 +205,26 @@ class DepthController:
         verified_tokens = 0
         in_step: dict[Phase, int] = {}  # requests and tokens per phase, for a policy's estimate
         added_by_phase: dict[Phase, int] = {}
+        record, observe, verifying = self.stats.record, self.policy.observe, self.verifying
         for req_id, (phase, chosen) in decisions.items():
             added = tokens.get(req_id)
             if added is not None:
                 in_step[phase] = in_step.get(phase, 0) + 1
                 added_by_phase[phase] = added_by_phase.get(phase, 0) + added
-            features = self.verifying.pop(req_id, None)
-            if req_id in counted:
-                verified, accepted = counted[req_id]
+            features = verifying.pop(req_id, None) if verifying else None
+            counts = counted.get(req_id)
+            if counts is not None:
+                verified, accepted = counts
                 verified_tokens += verified
-                self.stats.record(phase, verified, accepted, added or 0, req_id)
-                self.policy.observe(phase, verified, accepted, req_id)
+                record(phase, verified, accepted, added or 0, req_id)
+                observe(phase, verified, accepted, req_id)
                 if features:
                     self.policy.observe_confidence(phase, features, verified, accepted, req_id)
             elif added is None:
                 continue  # aborted while the step ran: nothing happened to it
             elif chosen == 0 and added:
-                self.stats.record(phase, 0, 0, added, req_id)
-                self.policy.observe(phase, 0, 0, req_id)
+                record(phase, 0, 0, added, req_id)
+                observe(phase, 0, 0, req_id)
             else:
                 self.stats.totals[phase].tokens += added
         if step is not None and step.num_requests:

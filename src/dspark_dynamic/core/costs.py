@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import random
-from operator import mul
+from operator import mul, sub
 from typing import NamedTuple
 
 # x = (1, requests, verified, any verified, drafter ran, drafted per request, drafted in all, resumed)
@@ -86,7 +86,7 @@ def _cholesky(a: list[list[float]]) -> list[list[float]] | None:
     low = [[0.0] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1):
-            s = a[i][j] - sum(low[i][k] * low[j][k] for k in range(j))
+            s = a[i][j] - sum(map(mul, low[i][:j], low[j][:j]))
             if i == j:
                 if s <= 0.0:
                     return None
@@ -106,16 +106,14 @@ def _inverse_spd(a: list[list[float]]) -> list[list[float]] | None:
         if not pivot > 1e-300:
             return None
         inv = 1.0 / pivot
-        for j in range(n):
-            rc[j] *= inv
+        rc = m[c] = list(map(inv.__mul__, rc))
         rc[c] = inv
         for r in range(n):
             if r != c:
                 rr = m[r]
                 f = rr[c]
                 if f:
-                    for j in range(n):
-                        rr[j] -= f * rc[j]
+                    rr = m[r] = list(map(sub, rr, map(f.__mul__, rc)))
                     rr[c] = -f * inv
     return m
 
@@ -144,6 +142,7 @@ class StepCost:
         self._log_lately = self._log_usually = 0.0
         self._level = 0.0  # log of how far the fit's predictions have moved since the warm-up (at solves)
         self._depths_seen: set[int] = set()  # drafting depths of the fitted steps
+        self._solve_at = WARMUP  # the fitted steps at the next scheduled solve (see SOLVE_EVERY)
 
     @property
     def known(self) -> bool:
@@ -179,9 +178,9 @@ class StepCost:
             # the machine's level: the ratio to the fit plus the fit's own level (so the fit
             # catching up with a slower machine does not read as the machine speeding up)
             log_ratio = math.log(CLIP if ratio > CLIP else (1.0 / CLIP if ratio < 1.0 / CLIP else ratio)) + self._level
-            self._log_lately += (log_ratio - self._log_lately) / WARMUP
-            self._log_usually += (log_ratio - self._log_usually) / MEMORY
-            self.speed = math.exp(self._log_lately - self._log_usually)
+            lately = self._log_lately = self._log_lately + (log_ratio - self._log_lately) / WARMUP
+            usually = self._log_usually = self._log_usually + (log_ratio - self._log_usually) / MEMORY
+            self.speed = math.exp(lately - usually)
         err = seconds / speed - pred
         abs_err = self.abs_err
         if abs_err > 0.0:
@@ -193,16 +192,16 @@ class StepCost:
         y = pred + err
         w = self._w = self._w * self._grow
         entry[2] += w
-        entry[3] += w * y
-        entry[4] += w * y * y
-        self.fitted += 1
-        fitted = self.fitted
-        drafted = shape[2]
-        new_depth = drafted not in self._depths_seen
-        if new_depth:
-            self._depths_seen.add(drafted)
-        if (fitted % SOLVE_EVERY == 0 or (WARMUP <= fitted < SOLVE_EVERY and fitted & (fitted - 1) == 0)
-                or (new_depth and self.solved)):
+        wy = w * y
+        entry[3] += wy
+        entry[4] += wy * y
+        fitted = self.fitted = self.fitted + 1
+        if shape[2] not in self._depths_seen:
+            self._depths_seen.add(shape[2])
+            if self.solved:
+                self.solve()
+                return
+        if fitted == self._solve_at:
             self.solve()
 
     def _set_scale(self) -> None:
@@ -221,6 +220,9 @@ class StepCost:
 
     def solve(self) -> None:
         """The posterior given the forgotten statistics (and the noise variance they show)."""
+        fitted = self.fitted
+        if fitted >= self._solve_at:  # the next scheduled solve: doubling up to SOLVE_EVERY, then every SOLVE_EVERY
+            self._solve_at = fitted * 2 if fitted < SOLVE_EVERY else (fitted // SOLVE_EVERY + 1) * SOLVE_EVERY
         n = N_FEATURES
         scale = 1.0 / self._w
         self._w = 1.0

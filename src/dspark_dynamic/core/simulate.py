@@ -18,6 +18,7 @@ per-draft evidence of known ROC-AUC; a step drafting J positions and verifying k
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from dspark_dynamic.core.acceptance import expected_tokens
 from dspark_dynamic.core.adaptive import AdaptivePolicy
 from dspark_dynamic.core.phase import Phase
 from dspark_dynamic.core.policy import PhasePolicy
-from dspark_dynamic.core.workloads import Features, Position, Trace
+from dspark_dynamic.core.workloads import ConfidenceModel, Features, Position, Trace
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,60 @@ def hindsight_depth(L: int, cost: CostModel, max_k: int) -> int:
     return max(range(max_k + 1), key=lambda k: (min(k, L) + 1) / cost.step_ms(k))
 
 
+def feature_survivals(features: list[float], rates: tuple[float, ...], model: ConfidenceModel) -> list[float]:
+    """``P(draft j accepted | the step's features)`` for j = 1..len(features), knowing the step's true
+    conditional ``rates`` and how ``model`` draws a feature.  As ``draft_features`` generates
+    them, draft ``j`` is right with its rate whatever came before (past the first wrong draft
+    too) and its feature depends on that alone, so the survival is the running product of each
+    draft's posterior ``a N(f; right) / (a N(f; right) + (1 - a) N(f; wrong))``."""
+    out, s = [], 1.0
+    spread2 = 2.0 * model.spread * model.spread
+    for f, a in zip(features, rates):
+        right = a * math.exp(-((f - model.right) ** 2) / spread2)
+        wrong = (1.0 - a) * math.exp(-((f - model.wrong) ** 2) / spread2)
+        s *= right / (right + wrong) if right + wrong > 0.0 else a
+        out.append(s)
+    return out
+
+
+def calibrated_oracle(trace: Trace, features: Features, model: ConfidenceModel, cost: CostModel, n: int,
+                      iterations: int = 20) -> Result:
+    """The best a gate can do with perfectly calibrated confidences: it drafts ``n`` positions every
+    step, knows each draft's exact probability (``feature_survivals``: the step's true rates and
+    the confidence model), and verifies the prefix that maximises ``tokens - rate * ms`` at its own
+    long-run ``rate`` (Dinkelbach's iteration: replayed until the rate it runs at is the rate it
+    assumed).  With a parallel drafter (``draft_token_ms`` 0) no policy that sees the same features
+    beats it on the same trace by more than the iteration's tolerance: an upper bound for the gated
+    policies, tighter than the hindsight bound, which knows the outcomes."""
+    survivals = [[feature_survivals(features[r][t][:n], pos[2], model) for t, pos in enumerate(positions)]
+                 for r, positions in enumerate(trace)]
+    step_ms = [cost.gated_step_ms(k, n) for k in range(n + 1)]
+    rate, res = 0.0, Result("oracle, calibrated confidences")
+    for _ in range(iterations):
+        res = Result("oracle, calibrated confidences")
+        for r, positions in enumerate(trace):
+            t = 0
+            while t < len(positions):
+                s, best_k, best, tokens = survivals[r][t], 0, 1.0 - rate * step_ms[0], 1.0
+                for k in range(1, n + 1):
+                    tokens += s[k - 1]
+                    value = tokens - rate * step_ms[k]
+                    if value > best:
+                        best_k, best = k, value
+                m = min(best_k, positions[t][1])
+                res.tokens += m + 1
+                res.ms += step_ms[best_k]
+                res.steps += 1
+                res.verified += best_k
+                res.accepted += m
+                t += m + 1
+        new_rate = res.tokens / res.ms
+        if abs(new_rate - rate) <= 1e-9 * new_rate:
+            break
+        rate = new_rate
+    return res
+
+
 def told_policy(cost: CostModel, n: int, reasoning_depth: int, answer_depth: int,
                 confidence: bool = False, seed: int = 0) -> AdaptivePolicy:
     """The adaptive policy with up to ``n`` drafts, told the cost model's ratios (not learning them)."""
@@ -179,10 +234,12 @@ def replay_peers(trace: Trace, features: Features, cost: CostModel, n: int) -> l
 
 
 def compare(trace: Trace, cost: CostModel, max_k: int = 3, phase_depths: tuple[int, int] = (1, 2),
-            adaptive_n: int | None = None, features: Features | None = None) -> list[Result]:
+            adaptive_n: int | None = None, features: Features | None = None,
+            confidence: ConfidenceModel | None = None) -> list[Result]:
     """Fixed k = 0..max_k, the phase policy, the adaptive policy (and, given ``features``, the
-    adaptive policy gating on them and the peer rules), the per-step oracle and the hindsight
-    bound."""
+    adaptive policy gating on them and the peer rules; given also the ``confidence`` model that
+    drew them, the calibrated oracle at each adaptive depth), the per-step oracle and the
+    hindsight bound."""
     results = [replay(trace, "fixed k=0 (no speculation)", lambda r, pos: 0, cost, drafting=False)]
     for k in range(1, max_k + 1):
         results.append(replay(trace, f"fixed k={k}", lambda r, pos, k=k: k, cost))
@@ -194,6 +251,11 @@ def compare(trace: Trace, cost: CostModel, max_k: int = 3, phase_depths: tuple[i
         if features is not None:
             results.append(replay_confident(trace, features, cost, n, reasoning_depth, answer_depth))
             results.extend(replay_peers(trace, features, cost, n))
+    if features is not None and confidence is not None:
+        for n in sorted({min(answer_depth, max_k), max_k} if adaptive_n is None else {adaptive_n}):
+            oracle = calibrated_oracle(trace, features, confidence, cost, n)
+            oracle.name += f" (k<={n})"
+            results.append(oracle)
     if all(pos[2] for positions in trace for pos in positions[:1]):
         results.append(replay(trace, "oracle per step", lambda r, pos: oracle_depth(pos[2], cost, max_k), cost))
     results.append(replay(trace, "hindsight bound", lambda r, pos: hindsight_depth(pos[1], cost, max_k), cost))
