@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Replay acceptance traces under T(k) = T0 + c_draft*[drafting] + d*k and compare policies.
+"""Replay acceptance traces under T(k) = T0 + c_draft*[drafting] + c_first*[k > 0] + d*k and compare policies.
 
 Prints tok/s for fixed k = 0..3, the phase policy, the adaptive policy, a per-step oracle (knows
 each step's true acceptance probabilities, as a perfectly calibrated confidence head would) and
@@ -8,14 +8,16 @@ synthetic traces (seed-like, bimodal, drifting, drift: all then no drafts accept
 (per-position rows {"req","phase","L"}, or the controller's own trace_path rows).
 
     python scripts/simulate.py [--t0-ms 75 --draft-ms 3 --verify-ms 37.75] [--trace FILE]
-    python scripts/simulate.py --confidence-auc 0.85   # + gating on confidences, and the peers' rules
+    python scripts/simulate.py --confidence-auc 0.85   # + gating on them, the peers' rules and the best gate
+    python scripts/simulate.py --t0-ms 15.4 --draft-ms 0.9 --verify-ms 7.5 --first-ms 2.7 \
+        --confidence-auc 0.94 --max-k 2 --noisy-machine 8   # + costs learned on a noisy machine
 """
 
 from __future__ import annotations
 
 import argparse
 
-from dspark_dynamic.core.simulate import CostModel, compare
+from dspark_dynamic.core.simulate import CostModel, NoisyMachine, compare, replay_learning
 from dspark_dynamic.core.workloads import (
     ConfidenceModel,
     bimodal_trace,
@@ -50,9 +52,14 @@ def main() -> None:
     ap.add_argument("--confidence-auc", type=float, default=None,
                     help="also give the drafts confidences of this ROC-AUC: adds the adaptive policy gating on "
                          "them and the peers' rules (vllm-av, freetoken, break-even, p-min)")
+    ap.add_argument("--noisy-machine", type=int, default=0, metavar="SEEDS",
+                    help="also learn the costs from step times measured on a noisy machine (each request "
+                         "0.70-1.42x the cost model's speed, each step 10 %% noise), SEEDS machines per workload: "
+                         "adaptive with learned costs against the same policy drafting on every step, and the "
+                         "most steps one request ran without drafting")
     args = ap.parse_args()
     cost = CostModel.from_arguments(args)
-    print(f"cost model: T(k) = {cost.t0_ms} + {cost.draft_ms}*[drafting] + "
+    print(f"cost model: T(k) = {cost.t0_ms} + {cost.draft_ms}*[drafting] + {cost.first_ms}*[k > 0] + "
           f"({cost.verify_ms} + {cost.draft_token_ms})*k ms")
     traces = {
         "seed-like (reasoning 40 %, answer 90 % at k=2)": seed_like_trace(args.requests),
@@ -68,6 +75,21 @@ def main() -> None:
             model = ConfidenceModel.with_auc(args.confidence_auc)
             features = draft_features(trace, model, args.max_k)
         print_table(title, compare(trace, cost, max_k=args.max_k, features=features, confidence=model))
+        if args.noisy_machine:
+            print_noisy(trace, cost, features, args.noisy_machine)
+
+
+def print_noisy(trace, cost: CostModel, features, seeds: int, n: int = 2) -> None:
+    print(f"   learned costs on a noisy machine (k<={n}; adaptive ÷ the same drafting on every step; "
+          "most steps one request ran without drafting):")
+    ratios = []
+    for seed in range(seeds):
+        machine = NoisyMachine(seed=100 + seed)
+        ours = replay_learning(trace, cost, n, 1, 2, features, machine, seed=seed)
+        always = replay_learning(trace, cost, n, 1, 2, features, machine, drafts=n, seed=seed)
+        ratios.append(ours.tok_per_s / always.tok_per_s)
+        print(f"     machine {seed}: {ours.tok_per_s:7.2f} tok/s, {ratios[-1]:.3f}; most idle {ours.most_idle}")
+    print(f"     mean {sum(ratios) / len(ratios):.3f}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ A trace (``workloads``: synthetic, from a file or from the controller's trace) i
 requests, each a list of token positions ``(phase, L, rates)``, ``L`` the drafts proposed there
 that the target would accept in a row.  A step at position t with depth k yields
 ``min(k, L_t) + 1`` tokens and costs
-``T(k) = T0 + c_draft * drafting + d * k`` milliseconds (``drafting`` is 0 only for "fixed k=0",
-i.e. speculation off; under the controller the drafter runs even when k = 0).
+``T(k) = T0 + c_draft * drafting + c_first * [k > 0] + d * k`` milliseconds (``drafting`` is 0
+only for "fixed k=0", i.e. speculation off; under the controller the drafter runs even when
+k = 0, unless a replay skips the idle drafter, as the engine does for DFlash and ``draft_model``).
 Requests run one after another (a single stream, like the user's box); adaptive estimates
 carry over between requests.
 
@@ -13,12 +14,16 @@ With draft confidences (``ConfidenceModel``), every position also carries one fe
 draft: drawn around ``right`` for a draft the target would accept, around ``wrong`` otherwise
 (drafts past the first rejected one: right with the position's rate), so a policy sees noisy
 per-draft evidence of known ROC-AUC; a step drafting J positions and verifying k costs
-``T0 + c_draft + d * k + c_token * J``.
+``T0 + c_draft + c_first * [k > 0] + d * k + c_token * J``.
+
+``calibrated_oracle`` is the best gate such confidences allow; ``replay_learning`` runs the
+adaptive policy learning its costs from step times a ``NoisyMachine`` measures.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,15 +44,20 @@ class CostModel:
     draft_ms: float = 3.0
     verify_ms: float = 37.75
     draft_token_ms: float = 0.0
+    first_ms: float = 0.0  # once for a step that verifies any draft (the verification path engaging)
 
     def step_ms(self, k: int, drafting: bool = True) -> float:
+        first = self.first_ms if k else 0.0
         if not drafting:
-            return self.t0_ms + self.verify_ms * k
-        return self.t0_ms + self.draft_ms + (self.verify_ms + self.draft_token_ms) * k
+            return self.t0_ms + first + self.verify_ms * k
+        return self.t0_ms + self.draft_ms + first + (self.verify_ms + self.draft_token_ms) * k
 
-    def gated_step_ms(self, k: int, drafted: int) -> float:
-        """A step that drafted ``drafted`` positions and verified ``k`` of them."""
-        return self.t0_ms + self.draft_ms + self.verify_ms * k + self.draft_token_ms * drafted
+    def gated_step_ms(self, k: int, drafted: int, idle_drafter_runs: bool = True) -> float:
+        """A step that drafted ``drafted`` positions and verified ``k`` of them (the drafter
+        runs even when it drafts nothing, unless ``idle_drafter_runs`` is false)."""
+        draft = self.draft_ms if drafted or idle_drafter_runs else 0.0
+        return (self.t0_ms + draft + (self.first_ms if k else 0.0) + self.verify_ms * k
+                + self.draft_token_ms * drafted)
 
     @staticmethod
     def add_arguments(parser: Any) -> None:
@@ -57,10 +67,24 @@ class CostModel:
         parser.add_argument("--verify-ms", type=float, default=37.75, help="one more verified token, ms")
         parser.add_argument("--draft-token-ms", type=float, default=0.0,
                             help="one more drafted position (0: parallel drafter such as DSpark)")
+        parser.add_argument("--first-ms", type=float, default=0.0,
+                            help="once for a step that verifies any draft")
 
     @classmethod
     def from_arguments(cls, args: Any) -> "CostModel":
-        return cls(args.t0_ms, args.draft_ms, args.verify_ms, args.draft_token_ms)
+        return cls(args.t0_ms, args.draft_ms, args.verify_ms, args.draft_token_ms, args.first_ms)
+
+
+@dataclass(frozen=True)
+class NoisyMachine:
+    """Step times as a shared machine measures them: each request runs ``exp(U(-swing, swing))``
+    times the cost model's speed (a box whose speed moves between requests), each step a further
+    ``exp(N(0, jitter))``.  Only what a learning policy is told changes; results stay on the cost
+    model's clock, so policies compare on the same times."""
+
+    swing: float = 0.35
+    jitter: float = 0.1
+    seed: int = 0
 
 
 @dataclass
@@ -71,6 +95,7 @@ class Result:
     steps: int = 0
     verified: int = 0
     accepted: int = 0
+    most_idle: int = 0  # the most steps one request ran without drafting (``replay_policy``)
 
     @property
     def tok_per_s(self) -> float:
@@ -183,23 +208,34 @@ def told_policy(cost: CostModel, n: int, reasoning_depth: int, answer_depth: int
     )
 
 
-def replay_policy(trace: Trace, name: str, policy: Any, cost: CostModel, features: Features | None = None) -> Result:
+def replay_policy(trace: Trace, name: str, policy: Any, cost: CostModel, features: Features | None = None,
+                  machine: NoisyMachine | None = None, idle_drafter_runs: bool = True,
+                  drafts: int | None = None) -> Result:
     """A batch policy (``plan``, ``gate``, ``observe*``: the adaptive policy or a peer rule) on a
-    single stream: each step it plans how deep to draft, gates the drafts (with their features,
-    given ``features``), and learns from the outcome and the step's modelled time."""
+    single stream: each step it plans how deep to draft (``drafts``: always that many instead),
+    gates the drafts (with their features, given ``features``), and learns from the outcome and
+    the step's modelled time (as ``machine`` measures it, given one)."""
     res = Result(name)
     begin = getattr(policy, "begin_step", None)
+    noise = random.Random(machine.seed) if machine is not None else None
+    speed = 1.0
     for r, positions in enumerate(trace):
         req, t = f"req-{r}", 0
+        if noise is not None:
+            speed = math.exp(noise.uniform(-machine.swing, machine.swing))
+        idle = 0
         while t < len(positions):
             phase, L, _ = positions[t]
             if begin is not None:
                 begin()
             drafted = policy.plan([(phase, req)])[0]
+            if drafts is not None:
+                drafted = drafts
+            idle += not drafted
             f = features[r][t][:drafted] if features is not None and drafted else None
             k = policy.gate([(phase, req, f, drafted)])[0] if drafted else 0
             m = min(k, L)
-            ms = cost.gated_step_ms(k, drafted)
+            ms = cost.gated_step_ms(k, drafted, idle_drafter_runs)
             res.tokens += m + 1
             res.ms += ms
             res.steps += 1
@@ -208,9 +244,11 @@ def replay_policy(trace: Trace, name: str, policy: Any, cost: CostModel, feature
             policy.observe(phase, k, m, req)
             if k and f is not None:
                 policy.observe_confidence(phase, f[:k], k, m, req)
-            policy.observe_step(ms / 1000.0, k, 1, drafted)
+            measured = ms if noise is None else ms * speed * math.exp(noise.gauss(0.0, machine.jitter))
+            policy.observe_step(measured / 1000.0, k, 1, drafted)
             t += m + 1
         policy.forget(req)
+        res.most_idle = max(res.most_idle, idle)
     return res
 
 
@@ -224,6 +262,22 @@ def replay_confident(trace: Trace, features: Features, cost: CostModel, n: int, 
     """The adaptive policy gating each step on its drafts' features (costs given, not learned)."""
     policy = told_policy(cost, n, reasoning_depth, answer_depth, confidence=True)
     return replay_policy(trace, f"adaptive + confidence (k<={n})", policy, cost, features)
+
+
+def replay_learning(trace: Trace, cost: CostModel, n: int, reasoning_depth: int, answer_depth: int,
+                    features: Features | None = None, machine: NoisyMachine | None = None,
+                    drafts: int | None = None, seed: int = 0, prior: CostModel | None = None) -> Result:
+    """The adaptive policy as an engine runs it: the costs learned from the measured step times
+    (``machine``), with ``prior``'s ratios as configured (default: the true ``cost``'s), a
+    drafter skipped when it drafts nothing (DFlash, ``draft_model``), gating on ``features``
+    when given (``drafts``: draft that many on every step, the policy still gating them)."""
+    told = prior or cost
+    policy = AdaptivePolicy(
+        n, {Phase.REASONING: min(reasoning_depth, n), Phase.ANSWER: min(answer_depth, n)},
+        verify_cost_ratio=told.verify_ms / told.t0_ms, draft_cost_ratio=told.draft_ms / told.t0_ms,
+        draft_token_cost_ratio=told.draft_token_ms / told.t0_ms, confidence=features is not None, seed=seed)
+    name = "adaptive, learned costs" + (", drafting always" if drafts is not None else "")
+    return replay_policy(trace, name, policy, cost, features, machine, idle_drafter_runs=False, drafts=drafts)
 
 
 def replay_peers(trace: Trace, features: Features, cost: CostModel, n: int) -> list[Result]:
