@@ -1,6 +1,5 @@
 """The adaptive policy: one cost model of the step, one decision for the batch (pure logic)."""
 
-import math
 import random
 
 import pytest
