@@ -160,9 +160,9 @@ def calibrated_oracle(trace: Trace, features: Features, model: ConfidenceModel, 
     step, knows each draft's exact probability (``feature_survivals``: the step's true rates and
     the confidence model), and verifies the prefix that maximises ``tokens - rate * ms`` at its own
     long-run ``rate`` (Dinkelbach's iteration: replayed until the rate it runs at is the rate it
-    assumed).  With a parallel drafter (``draft_token_ms`` 0) no policy that sees the same features
-    beats it on the same trace by more than the iteration's tolerance: an upper bound for the gated
-    policies, tighter than the hindsight bound, which knows the outcomes."""
+    assumed).  With a parallel drafter (``draft_token_ms`` 0), for a gate that sees the same
+    features it is the bound up to where in the trace the steps land (the rates change only at
+    phase and stretch boundaries): tighter than the hindsight bound, which knows the outcomes."""
     survivals = [[feature_survivals(features[r][t][:n], pos[2], model) for t, pos in enumerate(positions)]
                  for r, positions in enumerate(trace)]
     step_ms = [cost.gated_step_ms(k, n) for k in range(n + 1)]
