@@ -502,6 +502,10 @@ def test_learning_the_costs_on_a_noisy_machine():
         return ours.tok_per_s / always.tok_per_s, ours.most_idle
 
     steady, most_idle = ratio(None)
+    still = replay_learning(trace, cost, 2, 1, 2, features, NoisyMachine(swing=0.0, jitter=0.0))
+    noisy_once = replay_learning(trace, cost, 2, 1, 2, features, NoisyMachine(seed=100))
+    steady_once = replay_learning(trace, cost, 2, 1, 2, features, None)
+    assert still.tok_per_s == steady_once.tok_per_s != noisy_once.tok_per_s  # the noise reaches the policy
     assert steady >= 1.01
     assert most_idle < 1000  # no request idles through its reasoning (~1700 steps)
     noisy = [ratio(NoisyMachine(seed=100 + s), seed=s)[0] for s in range(3)]

@@ -238,19 +238,23 @@ def shifted(rates: list[float], offsets: list[float] | None) -> list[float]:
     return [sigmoid(logit(a) + o) for a, o in zip(rates, offsets)]
 
 
-def shifted_survival(logits: Sequence[float], shifts: Sequence[float]) -> list[float]:
-    """``survival`` of the rates ``sigmoid(z_j + shift_j)``."""
+def survival_of_logits(logits: Sequence[float]) -> list[float]:
+    """``survival`` of the rates ``sigmoid(z_j)`` (``sigmoid`` written out: once per draft)."""
     out, s = [], 1.0
     exp = math.exp
-    for z, d in zip(logits, shifts):
-        z += d
-        if z >= 0.0:  # ``sigmoid`` written out
+    for z in logits:
+        if z >= 0.0:
             s *= 1.0 / (1.0 + exp(-z))
         else:
             e = exp(z)
             s *= e / (1.0 + e)
         out.append(s)
     return out
+
+
+def shifted_survival(logits: Sequence[float], shifts: Sequence[float]) -> list[float]:
+    """``survival`` of the rates ``sigmoid(z_j + shift_j)``."""
+    return survival_of_logits([z + d for z, d in zip(logits, shifts)])
 
 
 def survival(rates: list[float]) -> list[float]:
@@ -290,19 +294,8 @@ class GateSample:
     def _priced(self, features: tuple[float, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
         theta = self.theta
         w = theta[0]
-        logits, survivals = [], []
-        s = 1.0
-        exp = math.exp
-        for f, b in zip(features, theta[1:]):
-            z = w * f + b
-            logits.append(z)
-            if z >= 0.0:  # ``sigmoid`` written out (called once per draft and price)
-                s *= 1.0 / (1.0 + exp(-z))
-            else:
-                e = exp(z)
-                s *= e / (1.0 + e)
-            survivals.append(s)
-        return tuple(logits), tuple(survivals)
+        logits = tuple([w * f + b for f, b in zip(features, theta[1:])])
+        return logits, tuple(survival_of_logits(logits))
 
     def price(self, theta: list[float]) -> None:
         """Price every draft with ``theta`` (a no-op when it is the one they carry)."""

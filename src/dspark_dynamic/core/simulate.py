@@ -97,6 +97,17 @@ class Result:
     accepted: int = 0
     most_idle: int = 0  # the most steps one request ran without drafting (``replay_policy``)
 
+    def add_step(self, k: int, L: int, ms: float) -> int:
+        """Account one step that verified ``k`` drafts where ``L`` would be accepted; returns the
+        drafts accepted."""
+        m = min(k, L)
+        self.tokens += m + 1
+        self.ms += ms
+        self.steps += 1
+        self.verified += k
+        self.accepted += m
+        return m
+
     @property
     def tok_per_s(self) -> float:
         return 1000.0 * self.tokens / self.ms if self.ms else 0.0
@@ -113,13 +124,8 @@ def replay(trace: Trace, name: str, choose: Callable[[str, Position], int], cost
         while t < len(positions):
             phase, L, _ = positions[t]
             k = choose(req, positions[t])
-            m = min(k, L)
             ms = cost.step_ms(k, drafting)
-            res.tokens += m + 1
-            res.ms += ms
-            res.steps += 1
-            res.verified += k
-            res.accepted += m
+            m = res.add_step(k, L, ms)
             if learn is not None:
                 learn(req, phase, k, m, ms)
             t += m + 1
@@ -178,13 +184,7 @@ def calibrated_oracle(trace: Trace, features: Features, model: ConfidenceModel, 
                     value = tokens - rate * step_ms[k]
                     if value > best:
                         best_k, best = k, value
-                m = min(best_k, positions[t][1])
-                res.tokens += m + 1
-                res.ms += step_ms[best_k]
-                res.steps += 1
-                res.verified += best_k
-                res.accepted += m
-                t += m + 1
+                t += res.add_step(best_k, positions[t][1], step_ms[best_k]) + 1
         new_rate = res.tokens / res.ms
         if abs(new_rate - rate) <= 1e-9 * new_rate:
             break
@@ -234,13 +234,8 @@ def replay_policy(trace: Trace, name: str, policy: Any, cost: CostModel, feature
             idle += not drafted
             f = features[r][t][:drafted] if features is not None and drafted else None
             k = policy.gate([(phase, req, f, drafted)])[0] if drafted else 0
-            m = min(k, L)
             ms = cost.gated_step_ms(k, drafted, idle_drafter_runs)
-            res.tokens += m + 1
-            res.ms += ms
-            res.steps += 1
-            res.verified += k
-            res.accepted += m
+            m = res.add_step(k, L, ms)
             policy.observe(phase, k, m, req)
             if k and f is not None:
                 policy.observe_confidence(phase, f[:k], k, m, req)
