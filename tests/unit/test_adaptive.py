@@ -487,9 +487,9 @@ def test_learning_the_costs_on_a_noisy_machine():
     """The costs learned from measured step times, the drafter skipped when idle (DFlash-like:
     cheap drafter, a first verified draft dearer than the rest), drafts gated on confidences of
     AUC 0.94: on a steady machine the policy beats the same policy drafting on every step; on one
-    whose speed moves by up to 1.4x between requests, it may idle through a whole request (the
-    known lock, docs/measured-speed.md), yet stays on average at least level with drafting
-    always."""
+    whose speed moves by up to 1.4x between requests (where an uncapped cost fit could lock the
+    drafter idle through whole requests, docs/measured-speed.md), it stays on average at least
+    level with drafting always."""
     cost = CostModel(t0_ms=15.4, draft_ms=0.9, verify_ms=7.5, first_ms=2.7)
     assert cost.gated_step_ms(2, 2, idle_drafter_runs=False) == pytest.approx(15.4 + 0.9 + 2.7 + 15.0)
     assert cost.gated_step_ms(0, 0, idle_drafter_runs=False) == pytest.approx(15.4)

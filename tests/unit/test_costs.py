@@ -97,6 +97,27 @@ def test_the_posterior_narrows_with_data_and_widens_again_where_the_data_stops_v
     assert model.sd(DRAFTER) > 5 * learned
 
 
+def test_one_shape_counts_as_at_most_shape_evidence_steps():
+    """Thousands of steps of two shapes (idle; drafting two, verifying none) tell the drafter's
+    price apart as well as ``SHAPE_EVIDENCE`` steps of each would, no better: a draw's price of
+    drafting spreads by the noise over that many steps (uncapped, it would be ~6x narrower)
+    around the shapes' measured difference."""
+    model = StepCost()
+    rng = random.Random(11)
+    idle, drafting = Shape(1, 0, 0), Shape(1, 0, 2)
+    noise = 0.5e-3
+    for i in range(3000):
+        shape = drafting if i % 2 else idle
+        model.learn_one(shape, true_time(shape) + rng.gauss(0.0, noise))
+    model.solve()
+    diff = [a - b for a, b in zip(features(drafting), features(idle))]
+    truth = true_time(drafting) - true_time(idle)
+    draws = [sum(map(lambda d, t: d * t, diff, model.sample(rng))) for _ in range(3000)]
+    evidence_sd = noise * (2.0 / costs.SHAPE_EVIDENCE) ** 0.5
+    assert statistics.stdev(draws) == pytest.approx(evidence_sd, rel=0.3)
+    assert statistics.fmean(draws) == pytest.approx(truth, abs=evidence_sd)
+
+
 def test_draws_spread_as_the_posterior_says():
     model = StepCost()
     feed(model, 3000, random.Random(4))

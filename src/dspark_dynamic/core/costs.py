@@ -19,6 +19,13 @@ request, positions drafted in all, drafter resumed)``: ``time = speed * theta . 
   a change in what the steps cost relative to each other (a direction the recent data did not
   vary goes back to the prior: its width makes the decision try it again, so a size seen once
   is not a dead spot).
+- Evidence per shape: the steps of one shape count at most ``SHAPE_EVIDENCE`` steps' weight in
+  the posterior (their mean and spread unchanged).  Each step is fitted divided by a speed
+  estimated from the steps around it, so steps of one shape measured in one stretch share that
+  estimate's error (a request slower or faster than the one before, while ``speed`` catches up);
+  counted as independent, a few stretches would make the posterior sure of a price it has not
+  measured, and a choice it rules out is never tried again.  With the cap, a price only a few
+  stretches told apart keeps the width that lets Thompson sampling try it again.
 - Robust: a step's residual is clipped at ``CLIP`` times the running mean absolute residual
   before it is fitted (a stray slow step on a shared machine, a compilation, an allocator stall).
 - A step that drafts after one that drafted nothing, where the idle drafter was skipped, also
@@ -54,6 +61,8 @@ WARMUP = 16  # an engine's first decode steps are not fitted (caches, allocator)
 # ``speed``: the steps over which the machine's speed is taken as steady (tuned: 16-32 replay the
 # traced testbed steps' within-request prices closest, 100 follows a slow spell too late)
 PRIOR_SD = 0.5  # prior standard deviation of every coefficient, in plain one-request steps (tuned)
+SHAPE_EVIDENCE = WARMUP / 2  # the most steps' weight one step shape carries in the posterior (see
+# "Evidence per shape"; not tuned apart from WARMUP: 4-16 measured, 8 best on the worst noisy machine)
 SOLVE_EVERY = 128  # steps between solves (speed: a solve costs ~150 us; the posterior moves slowly)
 # Besides: a solve at each power of two from WARMUP up to SOLVE_EVERY fitted steps (16, 32, 64:
 # a fresh engine's posterior moves fast), and after the first step that drafts a depth no step
@@ -236,6 +245,9 @@ class StepCost:
                 entry[2] = entry[3] = entry[4] = 0.0
                 continue
             entry[2], entry[3], entry[4] = w, wy, wyy
+            if w > SHAPE_EVIDENCE:  # the shape's mean and spread, at most SHAPE_EVIDENCE steps' weight
+                shrink = SHAPE_EVIDENCE / w
+                w, wy, wyy = SHAPE_EVIDENCE, wy * shrink, wyy * shrink
             weight += w
             yy += wyy
             nz = [(i, v) for i, v in enumerate(x) if v]
