@@ -100,7 +100,7 @@ def test_the_posterior_narrows_with_data_and_widens_again_where_the_data_stops_v
 def test_one_shape_counts_as_at_most_shape_evidence_steps():
     """Thousands of steps of two shapes (idle; drafting two, verifying none) tell the drafter's
     price apart as well as ``SHAPE_EVIDENCE`` steps of each would, no better: a draw's price of
-    drafting spreads by the noise over that many steps (uncapped, it would be ~6x narrower)
+    drafting spreads by the noise over that many steps (uncapped, ~5x narrower)
     around the shapes' measured difference."""
     model = StepCost()
     rng = random.Random(11)

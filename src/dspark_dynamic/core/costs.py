@@ -62,7 +62,8 @@ WARMUP = 16  # an engine's first decode steps are not fitted (caches, allocator)
 # traced testbed steps' within-request prices closest, 100 follows a slow spell too late)
 PRIOR_SD = 0.5  # prior standard deviation of every coefficient, in plain one-request steps (tuned)
 SHAPE_EVIDENCE = WARMUP / 2  # the most steps' weight one step shape carries in the posterior (see
-# "Evidence per shape"; not tuned apart from WARMUP: 4-16 measured, 8 best on the worst noisy machine)
+# "Evidence per shape"; tuned as a fraction of WARMUP: 4, 6, 8 and 16 tried on the simulator's
+# noisy machines, 8 the best worst case)
 SOLVE_EVERY = 128  # steps between solves (speed: a solve costs ~150 us; the posterior moves slowly)
 # Besides: a solve at each power of two from WARMUP up to SOLVE_EVERY fitted steps (16, 32, 64:
 # a fresh engine's posterior moves fast), and after the first step that drafts a depth no step
