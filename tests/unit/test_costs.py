@@ -100,8 +100,8 @@ def test_the_posterior_narrows_with_data_and_widens_again_where_the_data_stops_v
 def test_one_shape_counts_as_at_most_shape_evidence_steps():
     """Thousands of steps of two shapes (idle; drafting two, verifying none) tell the drafter's
     price apart as well as ``SHAPE_EVIDENCE`` steps of each would, no better: a draw's price of
-    drafting spreads by the noise over that many steps (uncapped, ~5x narrower)
-    around the shapes' measured difference."""
+    drafting spreads by the noise over that many steps (uncapped, ~5x narrower) around the
+    shapes' measured difference."""
     model = StepCost()
     rng = random.Random(11)
     idle, drafting = Shape(1, 0, 0), Shape(1, 0, 2)
@@ -112,7 +112,7 @@ def test_one_shape_counts_as_at_most_shape_evidence_steps():
     model.solve()
     diff = [a - b for a, b in zip(features(drafting), features(idle))]
     truth = true_time(drafting) - true_time(idle)
-    draws = [sum(map(lambda d, t: d * t, diff, model.sample(rng))) for _ in range(3000)]
+    draws = [sum(d * t for d, t in zip(diff, model.sample(rng))) for _ in range(3000)]
     evidence_sd = noise * (2.0 / costs.SHAPE_EVIDENCE) ** 0.5
     assert statistics.stdev(draws) == pytest.approx(evidence_sd, rel=0.3)
     assert statistics.fmean(draws) == pytest.approx(truth, abs=evidence_sd)
