@@ -12,6 +12,7 @@ one for the controlled settings.
     python scripts/bench_wallclock.py --calibrate     # adds fixed k=3: the testbed's T(k), k = 0..3
     python scripts/bench_wallclock.py --smoke         # 2 rounds, 1 request: a quick check
     python scripts/bench_wallclock.py --shape narrow  # 32 experts x 4096, top-4 (a cheaper verify)
+    python scripts/bench_wallclock.py --shape narrow-wide  # the same reads per token from 128 experts
     python scripts/bench_wallclock.py --drafter dflash  # a parallel drafter (DSpark's cost shape)
     python scripts/bench_wallclock.py --concurrency 4   # 4 requests in flight, starts staggered
     python scripts/bench_wallclock.py --epochs 4        # the rounds split over 4 sets of fresh engines

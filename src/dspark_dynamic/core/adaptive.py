@@ -30,8 +30,10 @@ gain: the phase's recent survivals at that position (``GateSample``) with confid
 drawn survival without.
 
 Tuned constants (8, each documented where defined): ``costs.MEMORY``, ``CLIP``, ``WARMUP``,
-``PRIOR_SD``, ``acceptance.REQUEST_MEMORY``, ``RESERVOIR``, ``MIN_LABELS`` (here) and
-``confidence.CALIBRATOR_MEMORY``.
+``SHAPE_EVIDENCE``, ``PRIOR_SD``, ``acceptance.REQUEST_MEMORY``, ``MIN_LABELS`` (here) and
+``confidence.CALIBRATOR_MEMORY``.  Settings of host time (each bounds the controller's cost per
+step; none is tuned to a testbed): ``DRAW_EVERY`` (here), ``costs.SOLVE_EVERY`` and
+``acceptance.RESERVOIR`` (a sample size: the decisions measure the same from 16 to 64).
 """
 
 from __future__ import annotations
