@@ -54,6 +54,21 @@ def test_evidence_fades_with_the_phases_request_steps_so_draws_spread_again():
     assert rates.predict_one()[0] == pytest.approx(0.5, abs=0.08)  # the mean stays where it was
 
 
+def test_a_phase_whose_first_outcomes_failed_is_tried_again_once_they_fade():
+    """Fresh failures hold the rate down; faded ones leave it at 1/2 and uncertain, so a draw
+    says drafting pays now and then (a stale estimate is not a dead spot)."""
+    rates = PositionRates(1, prior_weight=20.0, window=400)
+    for _ in range(30):
+        rates.tick()
+        rates.learn_one(1, 0)
+    assert rates.predict_one()[0] < 0.1
+    for _ in range(3000):  # the phase at depth 0: nothing verified, only time
+        rates.tick()
+    assert rates.predict_one()[0] == pytest.approx(0.5, abs=0.02)
+    rng = random.Random(9)
+    assert sum(rates.sample(rng)[0] > 0.6 for _ in range(1000)) > 100
+
+
 def test_persistence_separates_independent_from_streaky_outcomes():
     rng = random.Random(4)
     independent, streaky = Persistence(), Persistence()
@@ -118,7 +133,7 @@ def test_the_reservoir_keeps_the_last_drafts_in_order():
     for z in kept:
         expected.learn_one(z)
     assert sample.entries == expected.entries
-    for j in range(2):  # the running sums follow the drafts coming and going
+    for j in range(2):  # the counts and means follow the drafts coming and going
         survivals = sample.survivals([0.0, 0.0], 2)[j]
         assert sample.count(j) == len(survivals) == acceptance.RESERVOIR
         assert sample.mean(j) == pytest.approx(sum(survivals) / len(survivals), rel=1e-12)

@@ -6,7 +6,7 @@ import pytest
 
 from dspark_dynamic.core import acceptance, costs
 from dspark_dynamic.core.acceptance import expected_tokens
-from dspark_dynamic.core.adaptive import AdaptivePolicy
+from dspark_dynamic.core.adaptive import DRAW_EVERY, AdaptivePolicy
 from dspark_dynamic.core.costs import Shape
 from dspark_dynamic.core.phase import Phase
 from dspark_dynamic.core.simulate import (
@@ -225,9 +225,9 @@ def test_a_requests_own_draw_holds_until_it_observes_so_the_gate_verifies_what_t
     sample = acceptance.RequestRecord.sample_offsets
     monkeypatch.setattr(acceptance.RequestRecord, "sample_offsets",
                         lambda self, *a: draws.append(sample(self, *a)) or draws[-1])
-    p.begin_step()  # the first step of a draw period (the costs were just solved): three more hold it
+    p.begin_step()  # the first step of a draw period (the costs were just solved): the rest hold it
     p.plan([(R, "new")])
-    for _ in range(3):
+    for _ in range(DRAW_EVERY - 1):
         p.begin_step()
         p.gate([(R, "new", None, 2)])
         p.plan([(R, "new")])
@@ -355,6 +355,16 @@ def test_bimodal_trace_adaptive_follows_each_requests_stretches(monkeypatch):
     assert res["oracle per step"] <= res["hindsight bound"]
     monkeypatch.setattr(acceptance.Persistence, "predict_one", lambda self: 0.0)
     assert replay_adaptive(bimodal_trace(), COST, 3, 1, 2).tok_per_s < res["adaptive (k<=3)"] / 1.02
+
+
+def test_a_phase_that_started_hard_is_drafted_again_when_it_turns_easy():
+    """Three requests whose reasoning drafts all fail, then four whose drafts all pass: the
+    policy stops drafting in the first and must find the change, though no draft is verified
+    in between (costs given, no confidences)."""
+    trace = (synthetic_trace([(R, 1500, lambda i: 0.05)], 3, seed=1)
+             + synthetic_trace([(R, 1500, lambda i: 0.95)], 4, seed=2))
+    ours = replay_adaptive(trace, COST, 2, 1, 2).tok_per_s
+    assert ours >= 0.95 * reference(trace, "oracle")
 
 
 def test_drift_trace_adaptive_follows_each_request():

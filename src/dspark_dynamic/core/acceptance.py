@@ -5,12 +5,13 @@ A request-step that verified ``k`` drafts and accepted ``m`` observes positions
 
 - ``PositionRates``, per phase: ``a_j = P(draft j accepted | drafts 1..j-1 accepted)``, a Beta
   posterior per position: the recent outcomes, fading with every request-step of the phase
-  (``1 - 1/window``), observed or not, plus ``prior_weight`` pseudo-observations of the
-  position's long-run rate (all its outcomes, with one pseudo-observation of the position
-  before it, ``1/2`` for the first).  A phase that stopped drafting keeps its estimate but grows
-  uncertain again, so a draw from its posterior (``sample``) sometimes says drafting pays:
-  exploration that stops by itself while the evidence is fresh, and costs little where it is
-  frequent (near break-even).
+  (``1 - 1/window``), observed or not, plus ``prior_weight`` pseudo-observations of an anchor:
+  for the first position its own recent rate with one pseudo-observation of ``1/2``, for a later
+  one the rate of the position before it.  A phase that stopped drafting keeps its estimate
+  while its evidence is fresh, then returns to ``1/2`` and grows uncertain, so a draw from its
+  posterior (``sample``) says drafting pays now and then: exploration that stops by itself while
+  the evidence is fresh, costs little where it is frequent (near break-even), and never ends
+  for good (a phase whose first outcomes were poor is not a dead spot).
 - ``Persistence``, per phase: the lag-1 autocorrelation ``rho`` of consecutive first-draft
   outcomes, 0 unless above two of its standard errors, shrunk toward 0 by ``prior_weight``
   pseudo-observations: 0 for independent outcomes, near 1 where drafts come in easy and hard
@@ -32,8 +33,12 @@ import math
 import random
 from collections import deque
 from collections.abc import Sequence
+from operator import mul
+
+from dspark_dynamic.core.draws import normals
 
 REQUEST_MEMORY = 12.0  # steps a request's own record remembers (tuned on the drift workload)
+_GROW = 1.0 / (1.0 - 1.0 / REQUEST_MEMORY)
 # Gated drafts per phase and position the drafting decision reads: a sample size, not a tuned
 # constant. The decisions measure the same from 16 to 64 (the simulator's noisy machines); fewer
 # lose (8: 0.3 %, 4: 0.7 %, seed-like workload) and a read's host time grows with it: the smallest.
@@ -54,62 +59,53 @@ def sigmoid(z: float) -> float:
 
 
 class PositionRates:
-    """Per-position Beta posteriors with forgetting in request-steps (see the module docstring)."""
+    """Per-position Beta posteriors with forgetting in request-steps (see the module docstring).
+    The recent counts are kept multiplied by ``1 / keep`` per request-step since the last rescale
+    (``_w``: an outcome's weight now), so a request-step costs one multiplication, not a pass
+    over the counts; divided by ``_w`` they are the faded counts."""
 
-    __slots__ = ("n", "prior_weight", "keep", "succ", "seen", "all_succ", "all_seen", "observations", "_clock",
-                 "_aged", "_means")
+    __slots__ = ("n", "prior_weight", "grow", "succ", "seen", "observations", "_w", "_means")
 
     def __init__(self, positions: int, prior_weight: float = 20.0, window: float = 400.0) -> None:
         self.n = positions
         self.prior_weight = prior_weight
-        self.keep = 1.0 - 1.0 / window
-        self.succ = [0.0] * positions  # recent (fading) outcomes
+        self.grow = 1.0 / (1.0 - 1.0 / window)
+        self.succ = [0.0] * positions  # recent (fading) outcomes, times ``_w``
         self.seen = [0.0] * positions
-        self.all_succ = [0] * positions  # every outcome
-        self.all_seen = [0] * positions
         self.observations = 0  # request-steps that verified drafts, ever
-        self._clock = 0  # request-steps of the phase
-        self._aged = 0  # the clock when the counts were last aged
+        self._w = 1.0
         self._means: list[float] | None = None
 
     def tick(self) -> None:
-        """One request-step of the phase passed (evidence fades by ``keep``)."""
-        self._clock += 1
-
-    def _age(self) -> None:
-        lag = self._clock - self._aged
-        if lag:
-            scale = (self.keep ** lag).__mul__
-            self.succ = list(map(scale, self.succ))
-            self.seen = list(map(scale, self.seen))
-            self._aged = self._clock
-            self._means = None
+        """One request-step of the phase passed (evidence fades by ``1 - 1/window``)."""
+        w = self._w = self._w * self.grow
+        self._means = None
+        if w > 1e100:  # rescale (the faded counts are unchanged)
+            self.succ = [v / w for v in self.succ]
+            self.seen = [v / w for v in self.seen]
+            self._w = 1.0
 
     def learn_one(self, verified: int, accepted: int) -> None:
         if verified <= 0:
             return
-        if self._clock != self._aged:
-            self._age()
-        seen, succ, all_seen, all_succ = self.seen, self.succ, self.all_seen, self.all_succ
+        w, seen, succ = self._w, self.seen, self.succ
         for j in range(min(verified, accepted + 1, self.n)):
-            seen[j] += 1.0
-            all_seen[j] += 1
+            seen[j] += w
             if j < accepted:
-                succ[j] += 1.0
-                all_succ[j] += 1
+                succ[j] += w
         self.observations += 1
         self._means = None
 
     def predict_one(self) -> list[float]:
         """The posterior mean rate of each position (cached until the counts change)."""
-        if self._clock != self._aged:
-            self._age()
         means = self._means
         if means is None:
-            means, before, w = [], 0.5, self.prior_weight
-            for s, n, s_all, n_all in zip(self.succ, self.seen, self.all_succ, self.all_seen):
-                # the first position reverts to its long-run rate, a later one to the one before it
-                anchor = (s_all + before) / (n_all + 1.0) if not means else before
+            unit = self._w  # one observation, in the counts' scale
+            means, before, w = [], 0.5, self.prior_weight * unit
+            for s, n in zip(self.succ, self.seen):
+                # the first position reverts to its recent rate with one pseudo-observation of 1/2
+                # (so to 1/2 as its evidence fades), a later one to the rate of the one before it
+                anchor = (s + 0.5 * unit) / (n + unit) if not means else before
                 a = (s + w * anchor) / (n + w) if n + w > 0 else anchor
                 a = _EPS if a < _EPS else (1.0 - _EPS if a > 1.0 - _EPS else a)
                 means.append(a)
@@ -119,16 +115,13 @@ class PositionRates:
 
     def evidence(self, position: int) -> float:
         """Observations behind a position's rate, with its prior's (after fading)."""
-        if self._clock != self._aged:
-            self._age()
-        return self.seen[position] + self.prior_weight
+        return self.seen[position] / self._w + self.prior_weight
 
     def sample(self, rng: random.Random) -> list[float]:
         """One draw per position (normal approximation of each Beta posterior)."""
-        out = []
-        for j, a in enumerate(self.predict_one()):
-            sd = math.sqrt(a * (1.0 - a) / (self.evidence(j) + 1.0))
-            d = a + sd * rng.gauss(0.0, 1.0)
+        out, w, unit, sqrt = [], self.prior_weight + 1.0, 1.0 / self._w, math.sqrt
+        for a, n, z in zip(self.predict_one(), self.seen, normals(rng, self.n)):  # evidence: n * unit + prior_weight
+            d = a + z * sqrt(a * (1.0 - a) / (n * unit + w))
             out.append(_EPS if d < _EPS else (1.0 - _EPS if d > 1.0 - _EPS else d))
         return out
 
@@ -171,8 +164,10 @@ class Persistence:
 
 
 class RequestRecord:
-    """One request's recent outcomes in its current phase (``REQUEST_MEMORY`` steps; ``steps``
-    counts the request's steps, its outcomes fade by them when next read)."""
+    """One request's recent outcomes in its current phase (``REQUEST_MEMORY`` steps).  ``steps``
+    counts the request's steps since the counts were last rescaled; an outcome is counted with
+    weight ``_GROW ** steps``, so the counts times ``_GROW ** -steps`` are the faded ones and a
+    step costs one increment."""
 
     __slots__ = ("phase", "_succ", "_seen", "last_first", "steps")
 
@@ -181,36 +176,37 @@ class RequestRecord:
         self._succ = [0.0] * positions
         self._seen = [0.0] * positions
         self.last_first: float | None = None
-        self.steps = 0  # request-steps not yet applied to the counts
-
-    def _aged(self) -> None:
-        if self.steps:
-            scale = ((1.0 - 1.0 / REQUEST_MEMORY) ** self.steps).__mul__
-            self._succ = list(map(scale, self._succ))
-            self._seen = list(map(scale, self._seen))
-            self.steps = 0
+        self.steps = 0
 
     def age(self) -> None:
         self.steps += 1
 
+    def _unit(self) -> float:
+        """The factor from the stored counts to the faded ones (rescaling them now and then)."""
+        if self.steps > 256:
+            unit = _GROW ** -self.steps
+            self._succ = [v * unit for v in self._succ]
+            self._seen = [v * unit for v in self._seen]
+            self.steps = 0
+        return _GROW ** -self.steps
+
     @property
     def succ(self) -> list[float]:
-        self._aged()
-        return self._succ
+        unit = self._unit()
+        return [v * unit for v in self._succ]
 
     @property
     def seen(self) -> list[float]:
-        self._aged()
-        return self._seen
+        unit = self._unit()
+        return [v * unit for v in self._seen]
 
     def learn_one(self, verified: int, accepted: int) -> None:
-        if self.steps:
-            self._aged()
+        w = 1.0 / self._unit()
         seen, succ = self._seen, self._succ
         for j in range(min(verified, accepted + 1, len(seen))):
-            seen[j] += 1.0
+            seen[j] += w
             if j < accepted:
-                succ[j] += 1.0
+                succ[j] += w
 
     def mean_offsets(self, rates: list[float], rho: float) -> list[float]:
         """The posterior mean of this request's log-odds shifts (see ``sample_offsets``)."""
@@ -278,71 +274,62 @@ class GateSample:
     """A phase's last ``RESERVOIR`` gated drafts (see the module docstring): each draft's features
     (per position), priced with one calibration ``theta = (w, b_1..b_N)`` (``price``: the phase's
     current draw of its calibrator; by default ``w = 1, b = 0``, features read as log-odds) into
-    log-odds ``w*f + b_j`` and survivals.  Per position: the count and sum of the survivals of
-    the drafts that reached it, kept as drafts come and go (``mean`` in O(1)), and those survivals
-    ordered when first read after a change (``learn_one`` runs once per gated request-step;
-    ``gated`` reads them from the largest down, in O(``RESERVOIR``))."""
+    log-odds ``w*f + b_j`` and survivals.  ``learn_one`` (once per gated request-step) and
+    ``price`` only record; the first read after either prices the whole sample at once, position
+    by position, and keeps each position's survivals in descending order until the next change
+    (``gated`` reads them from the largest down, in O(``RESERVOIR``))."""
 
-    __slots__ = ("entries", "positions", "theta", "_descending", "_sums", "_counts")
+    __slots__ = ("entries", "positions", "theta", "_descending")
 
     def __init__(self, positions: int) -> None:
-        # (features, offset-free log-odds, survivals) per draft
-        self.entries: deque[tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]] = deque()
+        self.entries: deque[tuple[float, ...]] = deque(maxlen=RESERVOIR)  # each draft's features
         self.positions = positions
         self.theta: list[float] = [1.0] + [0.0] * positions
-        self._descending: list[list[float]] | None = [[] for _ in range(positions)]
-        self._sums = [0.0] * positions
-        self._counts = [0] * positions
-
-    def _priced(self, features: tuple[float, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        theta = self.theta
-        w = theta[0]
-        logits = tuple([w * f + b for f, b in zip(features, theta[1:])])
-        return logits, tuple(survival_of_logits(logits))
+        self._descending: list[list[float]] | None = None
 
     def price(self, theta: list[float]) -> None:
-        """Price every draft with ``theta`` (a no-op when it is the one they carry)."""
-        if theta is self.theta:
-            return
-        self.theta = theta
-        sums = [0.0] * self.positions
-        priced = self._priced
-        entries = deque()
-        append = entries.append
-        for f, _z, _s in self.entries:
-            z, surv = priced(f)
-            append((f, z, surv))
-            for j, v in enumerate(surv):
-                sums[j] += v
-        self.entries = entries
-        self._sums = sums
-        self._descending = None
+        """Price every draft with ``theta`` from now on."""
+        if theta is not self.theta:
+            self.theta = theta
+            self._descending = None
 
     def learn_one(self, features: list[float]) -> tuple[float, ...]:
         """One gated draft's features; returns their log-odds, priced with ``theta``."""
-        entries, sums, counts = self.entries, self._sums, self._counts
-        if len(entries) == RESERVOIR:
-            for j, v in enumerate(entries.popleft()[2]):
-                sums[j] -= v
-                counts[j] -= 1
         f = tuple(features[: self.positions])
-        z, surv = self._priced(f)
-        for j, v in enumerate(surv):
-            sums[j] += v
-            counts[j] += 1
-        entries.append((f, z, surv))
+        self.entries.append(f)  # the oldest leaves a full sample
         self._descending = None
-        return z
+        theta = self.theta
+        w = theta[0]
+        return tuple([w * x + b for x, b in zip(f, theta[1:])])
+
+    def _columns(self, shifts: Sequence[float] | None = None) -> list[list[float]]:
+        """Per position, the survivals of the drafts that reached it (in the sample's order),
+        with ``shifts`` added to their log-odds."""
+        theta, reached = self.theta, list(self.entries)
+        w, exp = -theta[0], math.exp
+        shortest = min(map(len, reached), default=0)
+        columns: list[list[float]] = []
+        surv: list[float] | None = None
+        for j in range(self.positions):
+            if j >= shortest:  # drafts that stopped before position j leave
+                keep = [len(f) > j for f in reached]
+                reached = [f for f, k in zip(reached, keep) if k]
+                if surv is not None:
+                    surv = [v for v, k in zip(surv, keep) if k]
+            b = -theta[j + 1] - (shifts[j] if shifts else 0.0)  # e = -(log-odds): p = 1 / (1 + exp(e))
+            p = [1.0 / (1.0 + exp(e if e < 700.0 else 700.0)) for e in [w * f[j] + b for f in reached]]
+            surv = p if surv is None else list(map(mul, surv, p))
+            columns.append(surv)
+        return columns
 
     def _ordered(self) -> list[list[float]]:
         ordered = self._descending
         if ordered is None:
-            ordered = self._descending = [sorted([surv[j] for _f, _z, surv in self.entries if len(surv) > j], reverse=True)
-                                          for j in range(self.positions)]
+            ordered = self._descending = [sorted(c, reverse=True) for c in self._columns()]
         return ordered
 
     def count(self, position: int) -> int:
-        return self._counts[position]
+        return len(self._ordered()[position])
 
     def gated(self, position: int, price: float) -> tuple[float, float]:
         """(``E[(s - price)^+]``, ``P(s > price)``) over the position's recent survivals."""
@@ -361,22 +348,13 @@ class GateSample:
     def mean(self, position: int) -> float | None:
         """The mean survival of the recent drafts that reached ``position`` (None with fewer than
         two): unconditional, since every draft the gate saw enters, verified or not."""
-        n = self._counts[position]
-        if n < 2:
-            return None
-        return max(self._sums[position], 0.0) / n  # the sum kept by adding and removing: never below 0
+        values = self._ordered()[position]
+        return sum(values) / len(values) if len(values) >= 2 else None
 
     def survivals(self, shifts: list[float], positions: int) -> list[list[float]]:
         """Per position, the survivals of the recent drafts that reached it, with ``shifts``
         added to their log-odds."""
-        out: list[list[float]] = [[] for _ in range(positions)]
-        for _f, z, _surv in self.entries:
-            s = 1.0
-            for j, zj in enumerate(z[:positions]):
-                zj += shifts[j]
-                s *= 1.0 / (1.0 + math.exp(-zj)) if zj >= 0.0 else 1.0 - 1.0 / (1.0 + math.exp(zj))
-                out[j].append(s)
-        return out
+        return self._columns(shifts)[:positions]
 
 
 def gated(values: list[float], price: float) -> tuple[float, float]:

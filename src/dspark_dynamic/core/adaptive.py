@@ -41,17 +41,8 @@ from __future__ import annotations
 import random
 from typing import Any, NamedTuple
 
-from dspark_dynamic.core.acceptance import (
-    GateSample,
-    Persistence,
-    PositionRates,
-    RequestRecord,
-    logit,
-    shifted,
-    shifted_survival,
-    sigmoid,
-    survival,
-)
+from dspark_dynamic.core.acceptance import (GateSample, Persistence, PositionRates, RequestRecord, logit, shifted,
+                                             shifted_survival, sigmoid, survival)
 from dspark_dynamic.core.confidence import ConfidenceCalibrator
 from dspark_dynamic.core.costs import DRAFTED, DRAFTED_ALL, DRAFTER, FIRST, REQUEST, RESUMED, STEP, VERIFIED, StepCost
 from dspark_dynamic.core.decide import admit, drafting_depth, gated_gains
@@ -61,9 +52,11 @@ from dspark_dynamic.core.phase import Phase
 # Labels before a phase's calibrator leaves its prior's guess (until then the phase verifies and
 # drafts its default; tuned: on the testbed a fresh calibrator verified nothing and never learned)
 MIN_LABELS = 16
-# Steps a draw holds (costs, phase rates; a request's own until it observes): speed, not
-# behaviour (a draw costs ~10 us; Thompson sampling per episode of a few steps explores as much)
+# Steps a draw holds (costs, phase rates; a request's own until it observes): host time (a draw
+# and the decisions it renews cost ~25 us at one request, the rest of a step ~20 us); 8 lost
+# without confidences on the simulator's noisy machines (worst machine 0.991 -> 0.942)
 DRAW_EVERY = 4
+_FRESH = object()  # in a gate's key: a request's survivals are fresh each step, so not kept
 
 
 class _PhaseDraw(NamedTuple):
@@ -72,8 +65,8 @@ class _PhaseDraw(NamedTuple):
     mean: list[float]  # the posterior mean rates
     drawn: list[float]  # the drawn rates
     drawn_survival: list[float]
-    moved: list[float]  # drawn survival less the mean's, per position
-    shifts: list[float]  # drawn rates less the mean's, in log-odds
+    moved: list[float]  # drawn survival less the mean's, per position (empty unless gating)
+    shifts: list[float]  # drawn rates less the mean's, in log-odds (empty unless gating or rho > 0)
     rho: float  # the phase's persistence (as of the draw)
 
 
@@ -116,14 +109,14 @@ class AdaptivePolicy:
         self._sampler = random.Random(seed + 1)  # which steps ``account_step`` keeps
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
-        self._draws: dict[Phase, _PhaseDraw] = {}  # the current draw of each phase's rates
-        self._request_draws: dict[str | None, tuple[Phase, list[float], bool, int]] = {}  # ... of each request's
+        self._draws: dict[Phase, _PhaseDraw] = {}  # the current draw of each phase's rates, and of each request's:
+        self._request_draws: dict[str | None, tuple[Phase, list[float], bool, int]] = {}
         self._ready: set[Phase] = set()  # the phases ``ready`` said true of
         self._steps = DRAW_EVERY  # steps since the last draw (the first step draws)
         self._serial = 0  # request draws so far (names a draw in ``_plan_key``)
         self._solved = -1  # the cost model's solves at the last draw
-        # drafting depths decided under the current draw, by ``_plan_key``
-        self._plans: dict[tuple, int] = {}
+        self._plans: dict[tuple, int] = {}  # drafting depths decided under the current draw, by ``_plan_key``
+        self._gates: dict[tuple, list[int]] = {}  # ... and verified depths, by what they depend on (``gate``)
         self._step_terms: dict[int, tuple] = {}  # ``_terms`` by batch (negative: resuming), this draw
         self._last_drafted = -1  # the drafter's depth in the previous step (-1: none seen)
         self._drafting_now = 0.0  # what the drafting planned for this step costs it
@@ -158,10 +151,8 @@ class AdaptivePolicy:
             self._steps = 0
             self._solved = self.cost.solved
             self._theta = self.cost.sample(self._rng)
-            self._draws.clear()
-            self._plans.clear()
-            self._step_terms.clear()
-            self._request_draws.clear()
+            for kept in (self._draws, self._plans, self._gates, self._step_terms, self._request_draws):
+                kept.clear()
 
     def _draw(self, phase: Phase) -> _PhaseDraw:
         """The current draw of the phase's rates (once per phase and draw period)."""
@@ -170,12 +161,12 @@ class AdaptivePolicy:
             rates = self.rates[phase]
             mean = rates.predict_one()
             drawn = rates.sample(self._rng)
-            mean_survival, drawn_survival = survival(mean), survival(drawn)
-            if self.confidence_seen:  # the gate and the drafting decision price drafts with it
+            drawn_survival, rho, gating = survival(drawn), self.persistence[phase].predict_one(), self.confidence_seen
+            if gating:  # the gate and the drafting decision price drafts with it
                 self.gated[phase].price(self.calibrators[phase].sample(self._rng))
-            draw = self._draws[phase] = _PhaseDraw(
-                mean, drawn, drawn_survival, [d - m for d, m in zip(drawn_survival, mean_survival)],
-                [logit(d) - logit(m) for d, m in zip(drawn, mean)], self.persistence[phase].predict_one())
+            draw = self._draws[phase] = _PhaseDraw(  # what only gating or a request's own draw reads, only then
+                mean, drawn, drawn_survival, [d - m for d, m in zip(drawn_survival, survival(mean))] if gating else [],
+                [logit(d) - logit(m) for d, m in zip(drawn, mean)] if gating or rho > 0.0 else [], rho)
         return draw
 
     def ready(self, phase: Phase) -> bool:
@@ -247,7 +238,7 @@ class AdaptivePolicy:
                 own.append(self._request_draws[req][3])
             else:
                 counts[phase] += 1
-        return counts[0], counts[1], self._last_drafted == 0, *own
+        return counts[0], counts[1], self.drafter_catches_up and self._last_drafted == 0, *own
 
     def _gains_for(self, rows: list[tuple[Phase, str | None]]):
         """``gains_at(price)`` of ``decide.drafting_depth`` for these requests: per request and
@@ -310,10 +301,13 @@ class AdaptivePolicy:
             self.confidence_seen = True
             self._ready.clear()  # readiness now asks for calibration labels
             self._draws.clear()  # drawn again with the calibrators
+        # the depths depend on these alone where every request reads its phase's draw (then kept for the draw)
+        key: list = [uniform, self._drafting_now, self.drafter_catches_up and self._last_drafted == 0]
         for phase, req, features, available in items:
             if phase not in self._ready and not self.ready(phase):
                 survivals.append([1.0] * min(self.defaults[phase], available))  # the default's drafts count as sure
                 self.offsets[req] = None
+                key.append((phase, available, -1))
                 continue
             shifts, own = self._shifts(phase, req)
             if features is not None and calibrators is not None:
@@ -322,14 +316,22 @@ class AdaptivePolicy:
                 # the calibrator learns against the request's expected shift (not this step's draw)
                 self.offsets[req] = self._mean_offsets(phase, req) if own else None
                 survivals.append(shifted_survival(z, shifts))
-            elif own:
+                key.append(_FRESH)
+            elif own:  # around the phase's current rates: not kept either
                 survivals.append(survival(shifted(self.rates[phase].predict_one(), shifts))[:available])
+                key.append(_FRESH)
             else:
                 survivals.append(self._draw(phase).drawn_survival[:available])
+                key.append((phase, available, 0))
+        kept = self._gates.get(key := tuple(key))
+        if kept is not None:
+            return kept
         base, verify, first = self._terms(len(items))[0]
         depths = admit(survivals, base + self._drafting_now, verify, first, uniform)
         if self.min_depth:
             depths = [max(k, min(self.min_depth, available)) for k, (_p, _r, _f, available) in zip(depths, items)]
+        if _FRESH not in key:
+            self._gates[key] = depths
         return depths
 
     # -- learning -----------------------------------------------------------------------
@@ -344,7 +346,9 @@ class AdaptivePolicy:
         if record is None or record.phase is not phase:
             record = self.records[request_id] = RequestRecord(phase, self.n)
         record.learn_one(verified, accepted)
-        self._request_draws.pop(request_id, None)  # drawn again with what it just showed
+        cached = self._request_draws.get(request_id)  # drawn again with what it just showed (where it is
+        if cached is not None and (cached[2] or getattr(self._draws.get(cached[0]), "rho", 1.0) > 0.0):  # its own)
+            del self._request_draws[request_id]
         first = 1.0 if accepted > 0 else 0.0
         if record.last_first is not None:
             self.persistence[phase].learn_one(record.last_first, first)

@@ -32,6 +32,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dspark_dynamic.core.draws import normals
+
 FEATURE_CLAMP = 40.0
 BINS = 20
 CALIBRATOR_MEMORY = 100.0  # labels of memory (tuned: a drifting drafter followed within tens of labels)
@@ -210,7 +212,7 @@ class ConfidenceCalibrator:
             acc = cov[i][i] - sum(v * v for v in row[:i])
             row[i] = math.sqrt(acc) if acc > 0.0 else 0.0
             chol.append(row)
-        eps = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+        eps = normals(rng, dim)
         theta = [t + sum(row[k] * eps[k] for k in range(i + 1)) for i, (t, row) in enumerate(zip(self.theta, chol))]
         if theta[0] < 0.0:
             theta[0] = 0.0

@@ -50,6 +50,8 @@ import random
 from operator import mul, sub
 from typing import NamedTuple
 
+from dspark_dynamic.core.draws import normals
+
 # x = (1, requests, verified, any verified, drafter ran, drafted per request, drafted in all, resumed)
 STEP, REQUEST, VERIFIED, FIRST, DRAFTER, DRAFTED, DRAFTED_ALL, RESUMED = range(8)
 NAMES = ("step", "request", "verified", "first verified", "drafter", "drafted", "drafted x requests", "resumed")
@@ -296,8 +298,7 @@ class StepCost:
         low = self._low
         if low is None or not self.learn:
             return self.mean
-        gauss = rng.gauss
-        z = [gauss(0.0, 1.0) for _ in range(N_FEATURES)]
+        z = normals(rng, N_FEATURES)
         # row i of the Cholesky factor: its first i+1 entries (``sum`` adds in order, from the mean)
         return [sum(map(mul, row, z), m) for m, row in zip(self.mean, low)]
 
