@@ -252,6 +252,21 @@ def test_gate_admits_confident_drafts_and_skips_doubtful_ones():
     assert p.gate([(R, "a", [6.0, 6.0], 2), (R, "b", [-4.0, -4.0], 2)], uniform="max") in ([2, 2], [0, 0], [1, 1])
 
 
+def test_the_first_step_with_confidences_gates_on_them_within_a_draw_period():
+    """A request drawn without confidences, then its drafts arrive with them in the same draw
+    period: the gate prices them with the calibrator (sure drafts are verified)."""
+    p = policy(learn_cost=False)
+    p.min_labels = 0
+    for cal in p.calibrators.values():
+        cal.theta = [1.0, 0.0, 0.0]
+        cal.cov = [[1e-12 if i == j else 0.0 for j in range(3)] for i in range(3)]  # a sure calibrator
+    for _ in range(10):  # the phase has evidence of its own: it decides, not its default
+        p.observe(R, 2, 0, "other")
+    p.begin_step()
+    assert p.gate([(R, "a", None, 2)]) == [0]  # without confidences: its rates say no
+    assert p.gate([(R, "a", [6.0, 6.0], 2)]) == [2]
+
+
 def recovers_from_a_poor_first_guess(seed):
     """A reasoning calibrator whose first ``MIN_LABELS`` labels all say rejected (a drafter still
     warming up), then 600 steps whose drafts, at the same confidence, are 90 % accepted on a
