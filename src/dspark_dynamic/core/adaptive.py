@@ -300,8 +300,8 @@ class AdaptivePolicy:
         if calibrators is not None and not self.confidence_seen and any(f is not None for _p, _r, f, _a in items):
             self.confidence_seen = True
             self._ready.clear()  # readiness now asks for calibration labels
-            self._draws.clear()  # drawn again with the calibrators (and each request's with them)
-            self._request_draws.clear()
+            for kept in (self._draws, self._request_draws, self._plans, self._gates):  # drawn and decided
+                kept.clear()  # again with the calibrators
         # the depths depend on these alone where every request reads its phase's draw (then kept for the draw)
         key: list = [uniform, self._drafting_now, self.drafter_catches_up and self._last_drafted == 0]
         for phase, req, features, available in items:
