@@ -113,10 +113,6 @@ class PositionRates:
             self._means = means
         return means
 
-    def evidence(self, position: int) -> float:
-        """Observations behind a position's rate, with its prior's (after fading)."""
-        return self.seen[position] / self._w + self.prior_weight
-
     def sample(self, rng: random.Random) -> list[float]:
         """One draw per position (normal approximation of each Beta posterior)."""
         out, w, unit, sqrt = [], self.prior_weight + 1.0, 1.0 / self._w, math.sqrt

@@ -109,7 +109,8 @@ class AdaptivePolicy:
         self._sampler = random.Random(seed + 1)  # which steps ``account_step`` keeps
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
-        self._draws: dict[Phase, _PhaseDraw] = {}  # the current draw of each phase's rates, and of each request's:
+        self._draws: dict[Phase, _PhaseDraw] = {}  # the current draw of each phase's rates
+        # ... and of each request's where its phase's outcomes persist (``_shifts``)
         self._request_draws: dict[str | None, tuple[Phase, list[float], bool, int]] = {}
         self._ready: set[Phase] = set()  # the phases ``ready`` said true of
         self._steps = DRAW_EVERY  # steps since the last draw (the first step draws)
@@ -273,15 +274,16 @@ class AdaptivePolicy:
             return cached[1], cached[2]
         draw = self._draw(phase)
         rho = draw.rho
-        record = self.records.get(req) if rho > 0.0 and req is not None else None
+        if rho <= 0.0 or req is None:  # the phase's draw: nothing of the request's own to hold
+            return draw.shifts, False
+        record = self.records.get(req)
         if record is None or record.phase is not phase:
             shifts, own = draw.shifts, False
         else:
             shifts = [a + b for a, b in zip(draw.shifts, record.sample_offsets(draw.drawn, rho, self._rng))]
             own = True
-        if req is not None:
-            self._serial += 1
-            self._request_draws[req] = (phase, shifts, own, self._serial)
+        self._serial += 1
+        self._request_draws[req] = (phase, shifts, own, self._serial)
         return shifts, own
 
     def _mean_offsets(self, phase: Phase, req: str) -> list[float] | None:
@@ -347,9 +349,7 @@ class AdaptivePolicy:
         if record is None or record.phase is not phase:
             record = self.records[request_id] = RequestRecord(phase, self.n)
         record.learn_one(verified, accepted)
-        cached = self._request_draws.get(request_id)  # drawn again with what it just showed (where it is
-        if cached is not None and (cached[2] or getattr(self._draws.get(cached[0]), "rho", 1.0) > 0.0):  # its own)
-            del self._request_draws[request_id]
+        self._request_draws.pop(request_id, None)  # drawn again with what it just showed
         first = 1.0 if accepted > 0 else 0.0
         if record.last_first is not None:
             self.persistence[phase].learn_one(record.last_first, first)
