@@ -470,9 +470,9 @@ def test_the_live_estimate_prices_the_alternatives_by_the_learned_costs():
     observe_phase(p, R, 0.5, 400, rng)
     observe_phase(p, A, 0.9, 400, rng)
     for _ in range(800):
-        p.account_step(0.010, {R: 1}, {R: 1})
+        p.account_step(0.010, {"r": (R, 0)}, {"r": 1})
         tokens = 1 + (rng.random() < 0.9) + (rng.random() < 0.81)
-        p.account_step(0.020, {A: 1}, {A: tokens})
+        p.account_step(0.020, {"a": (A, 2)}, {"a": tokens})
     est = p.estimate()
     assert est["reasoning"]["plain"] == pytest.approx(1.0, abs=0.03)
     assert est["reasoning"]["fixed"] == pytest.approx((1 / 10) / (1.75 / 20), rel=0.08)
@@ -500,7 +500,7 @@ def test_the_live_estimates_fixed_depth_reads_every_draft_the_gate_saw_not_only_
         verified[sure] += k
         if k:
             p.observe(R, k, k if sure else 0, "a")
-        p.account_step(0.010, {R: 1}, {R: 1})
+        p.account_step(0.010, {"a": (R, k)}, {"a": 1})
     assert verified[False] < verified[True] / 10  # the gate passed over the hopeless drafts
     assert p.rates[R].predict_one()[0] > 0.8  # what the verified drafts say
     est = p.estimate()
@@ -535,3 +535,13 @@ def test_learning_the_costs_on_a_noisy_machine():
     assert most_idle < 1000  # no request idles through its reasoning (~1700 steps)
     noisy = [ratio(NoisyMachine(seed=100 + s), seed=s)[0] for s in range(3)]
     assert sum(noisy) / len(noisy) >= 0.99
+
+
+def test_the_live_estimate_counts_the_requests_live_at_a_steps_output():
+    """A request aborted while its step ran (no tokens at the output) is not in the estimate."""
+    p = policy()
+    learn_machine(p, machine_ms, steps=600, noise=0.0)
+    for _ in range(200):
+        p.account_step(0.010, {"a": (R, 0), "b": (A, 0)}, {"a": 1})
+    est = p.estimate()
+    assert "reasoning" in est and "answer" not in est

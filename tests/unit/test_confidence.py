@@ -117,6 +117,19 @@ def test_two_position_update_is_the_general_update_written_out():
     assert fast.cov[0][1] == fast.cov[1][0] and fast.cov[1][2] == fast.cov[2][1]
 
 
+def test_two_position_draw_is_the_general_draw_written_out():
+    """``_sample2`` (the 3x3 case, unrolled for speed) must draw exactly what the general
+    Cholesky draw does from the same random stream, whatever the posterior."""
+    rng = random.Random(12)
+    cal = ConfidenceCalibrator(2)
+    for f, k, m in logistic_data(400, 1.2, [0.3, -0.5], rng):
+        cal.observe(f, k, m)
+        seed = rng.random()
+        assert cal._sample2(random.Random(seed)) == cal._sample_any(random.Random(seed))
+    flat = ConfidenceCalibrator(2, slope=0.0)
+    assert flat._sample2(random.Random(1)) == flat._sample_any(random.Random(1))
+
+
 def test_a_draw_follows_the_posterior_and_keeps_the_slope_non_negative():
     """Draws (Thompson sampling) have the posterior's mean and covariance; a calibrator whose
     slope sits at 0 (no signal) never draws a negative one."""

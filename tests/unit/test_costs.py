@@ -177,3 +177,35 @@ def test_a_slow_spell_that_coincides_with_one_kind_of_step_is_not_read_as_its_co
     # what is left (0.22 against 0.36) is the speed's lag at each change of spell
     assert drafting / plain == pytest.approx(truth / true_time(Shape(1, 0, 0)), abs=0.2)
     assert drafting > 0.0
+
+
+def test_the_solve_factors_invert_the_precision_matrix():
+    """``_cholesky`` gives ``L L^T = P``; the columns of ``L^-1`` (``_inverse_columns``), read as
+    the rows of ``U``, give ``U U^T = P^-1``: the posterior covariance the draws use, without
+    inverting ``P`` itself; a matrix that is not positive definite has no factor."""
+    rng = random.Random(7)
+    n = costs.N_FEATURES
+    b = [[rng.gauss(0.0, 1.0) for _ in range(n)] for _ in range(n)]
+    p = [[sum(b[i][k] * b[j][k] for k in range(n)) + (0.1 if i == j else 0.0) for j in range(n)] for i in range(n)]
+    low = costs._cholesky(p)
+    for i in range(n):
+        for j in range(n):
+            assert sum(low[i][k] * low[j][k] for k in range(n)) == pytest.approx(p[i][j], abs=1e-9)
+    upper = costs._inverse_columns(low)
+    cov = [[sum(upper[i][k] * upper[j][k] for k in range(n)) for j in range(n)] for i in range(n)]
+    for i in range(n):
+        for j in range(n):
+            assert sum(p[i][k] * cov[k][j] for k in range(n)) == pytest.approx(1.0 if i == j else 0.0, abs=1e-7)
+    p[3][3] = -1.0
+    assert costs._cholesky(p) is None
+
+
+def test_the_draws_factor_is_the_covariances_own_cholesky_factor():
+    """The rows ``sample`` multiplies are lower triangular (row i: i + 1 entries), so a draw is
+    the mean plus ``L z`` for the covariance's Cholesky factor ``L``: the same draws, for the same
+    normals, as a Cholesky factorisation of the inverted precision would give."""
+    model = StepCost()
+    feed(model, 1500, random.Random(8))
+    rows = model._low
+    assert [len(row) for row in rows] == list(range(1, costs.N_FEATURES + 1))
+    assert all(row[-1] > 0.0 for row in rows)  # a positive diagonal: the unique Cholesky factor

@@ -88,11 +88,12 @@ class PositionRates:
     def learn_one(self, verified: int, accepted: int) -> None:
         if verified <= 0:
             return
-        w, seen, succ = self._w, self.seen, self.succ
-        for j in range(min(verified, accepted + 1, self.n)):
+        w, seen, succ, n = self._w, self.seen, self.succ, self.n
+        for j in range(accepted if accepted < n else n):  # accepted: seen, and a success
             seen[j] += w
-            if j < accepted:
-                succ[j] += w
+            succ[j] += w
+        if accepted < verified and accepted < n:  # the first rejected: seen, a failure
+            seen[accepted] += w
         self.observations += 1
         self._means = None
 
@@ -199,10 +200,12 @@ class RequestRecord:
     def learn_one(self, verified: int, accepted: int) -> None:
         w = 1.0 / self._unit()
         seen, succ = self._seen, self._succ
-        for j in range(min(verified, accepted + 1, len(seen))):
+        n = len(seen)
+        for j in range(accepted if accepted < n else n):
             seen[j] += w
-            if j < accepted:
-                succ[j] += w
+            succ[j] += w
+        if accepted < verified and accepted < n:
+            seen[accepted] += w
 
     def mean_offsets(self, rates: list[float], rho: float) -> list[float]:
         """The posterior mean of this request's log-odds shifts (see ``sample_offsets``)."""

@@ -73,22 +73,10 @@ class _PhaseDraw(NamedTuple):
 class AdaptivePolicy:
     """Per-step depths for the batch from the learned step cost and acceptance (see above)."""
 
-    def __init__(
-        self,
-        num_speculative_tokens: int,
-        default_depths: dict[Phase, int],
-        min_depth: int = 0,
-        verify_cost_ratio: float = 0.5,
-        draft_cost_ratio: float = 0.04,
-        draft_token_cost_ratio: float = 0.0,
-        learn_cost: bool = True,
-        prior_weight: float = 20.0,
-        window: float = 400.0,
-        confidence: bool = True,
-        seed: int = 0,
-        drafter_catches_up: bool = False,
-        idle_drafter_runs: bool = False,
-    ) -> None:
+    def __init__(self, num_speculative_tokens: int, default_depths: dict[Phase, int], min_depth: int = 0,
+                 verify_cost_ratio: float = 0.5, draft_cost_ratio: float = 0.04, draft_token_cost_ratio: float = 0.0,
+                 learn_cost: bool = True, prior_weight: float = 20.0, window: float = 400.0, confidence: bool = True,
+                 seed: int = 0, drafter_catches_up: bool = False, idle_drafter_runs: bool = False) -> None:
         self.n = num_speculative_tokens
         self.min_depth = min(min_depth, self.n)
         self.defaults = {p: min(max(k, self.min_depth), self.n) for p, k in default_depths.items()}
@@ -107,6 +95,7 @@ class AdaptivePolicy:
         self.offsets: dict[str, list[float] | None] = {}  # per request: the offsets of its last gate
         self.speed = SpeedEstimate(self.n)
         self._sampler = random.Random(seed + 1)  # which steps ``account_step`` keeps
+        self._account_in = 1  # steps until ``account_step`` keeps one
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
         self._draws: dict[Phase, _PhaseDraw] = {}  # the current draw of each phase's rates
@@ -116,9 +105,12 @@ class AdaptivePolicy:
         self._steps = DRAW_EVERY  # steps since the last draw (the first step draws)
         self._serial = 0  # request draws so far (names a draw in ``_plan_key``)
         self._solved = -1  # the cost model's solves at the last draw
-        self._plans: dict[tuple, int] = {}  # drafting depths decided under the current draw, by ``_plan_key``
-        self._gates: dict[tuple, list[int]] = {}  # ... and verified depths, by what they depend on (``gate``)
+        # decided under the current draw: drafting depths (by ``_plan_key``) with what drafting them
+        # costs the step, and verified depths (by what they depend on, ``gate``)
+        self._plans: dict[tuple, tuple[int, float]] = {}
+        self._gates: dict[tuple, list[int]] = {}
         self._step_terms: dict[int, tuple] = {}  # ``_terms`` by batch (negative: resuming), this draw
+        self._yields: dict[Phase, float] = {}  # ``estimate.fixed_yield`` per phase, this draw
         self._last_drafted = -1  # the drafter's depth in the previous step (-1: none seen)
         self._drafting_now = 0.0  # what the drafting planned for this step costs it
 
@@ -129,16 +121,10 @@ class AdaptivePolicy:
         return cls(
             options.num_speculative_tokens,
             {Phase.REASONING: options.reasoning_depth, Phase.ANSWER: options.answer_depth},
-            min_depth=a.min_depth,
-            verify_cost_ratio=a.verify_cost_ratio,
-            draft_cost_ratio=a.draft_cost_ratio,
-            draft_token_cost_ratio=a.draft_token_cost_ratio or 0.0,
-            learn_cost=a.learn_cost,
-            prior_weight=a.prior_weight,
-            window=a.window,
-            confidence=a.confidence,
-            drafter_catches_up=drafter_catches_up,
-            idle_drafter_runs=idle_drafter_runs,
+            min_depth=a.min_depth, verify_cost_ratio=a.verify_cost_ratio, draft_cost_ratio=a.draft_cost_ratio,
+            draft_token_cost_ratio=a.draft_token_cost_ratio or 0.0, learn_cost=a.learn_cost,
+            prior_weight=a.prior_weight, window=a.window, confidence=a.confidence,
+            drafter_catches_up=drafter_catches_up, idle_drafter_runs=idle_drafter_runs,
         )
 
     # -- the step's draws ---------------------------------------------------------------
@@ -152,7 +138,7 @@ class AdaptivePolicy:
             self._steps = 0
             self._solved = self.cost.solved
             self._theta = self.cost.sample(self._rng)
-            for kept in (self._draws, self._plans, self._gates, self._step_terms, self._request_draws):
+            for kept in (self._draws, self._plans, self._gates, self._step_terms, self._request_draws, self._yields):
                 kept.clear()
 
     def _draw(self, phase: Phase) -> _PhaseDraw:
@@ -205,41 +191,42 @@ class AdaptivePolicy:
     def plan(self, rows: list[tuple[Phase, str | None]]) -> list[int]:
         """Next-step drafting depths for the requests drafting in this step (one depth for all:
         the drafter drafts for the whole batch)."""
-        records, fresh = self.records, False
+        records, rates, ready, fresh = self.records, self.rates, self._ready, False
         for phase, req in rows:
-            self.rates[phase].tick()
-            if req is not None:
-                record = records.get(req)
-                if record is not None and record.phase is phase:
-                    record.steps += 1
-                else:
-                    records[req] = RequestRecord(phase, self.n)
-            fresh = fresh or (phase not in self._ready and not self.ready(phase))
+            rates[phase].tick()
+            record = records.get(req)
+            if record is not None and record.phase is phase:
+                record.steps += 1
+            elif req is not None:
+                records[req] = RequestRecord(phase, self.n)
+            if not fresh and phase not in ready and not self.ready(phase):
+                fresh = True
         if not rows:
             return []
         requests = len(rows)
-        (base, verify, first), drafting = self._terms(requests)
         if fresh:  # learn without losing: every request's default positions are drafted
             depth = max(self.defaults[p] for p, _ in rows)
-        else:
-            key = self._plan_key(rows)
-            depth = self._plans.get(key)
-            if depth is None:
-                gains = self._gains_for(rows)
-                depth = self._plans[key] = drafting_depth(requests, base, verify, first, drafting, gains, self.min_depth)
-        self._drafting_now = drafting[depth]
-        return [depth] * requests
+            kept = (depth, self._terms(requests)[1][depth])
+        elif (kept := self._plans.get(key := self._plan_key(rows))) is None:
+            (base, verify, first), drafting = self._terms(requests)
+            depth = drafting_depth(requests, base, verify, first, drafting, self._gains_for(rows), self.min_depth)
+            kept = self._plans[key] = (depth, drafting[depth])
+        self._drafting_now = kept[1]
+        return [kept[0]] * requests
 
     def _plan_key(self, rows: list[tuple[Phase, str | None]]) -> tuple:
         """What a batch's drafting decision depends on under the current draws: how many requests
         are their phase's, the own draws of the others, whether the drafter resumes."""
-        counts, own = [0, 0], []
+        reasoning = answer = 0
+        own = []
         for phase, req in rows:
-            if self._shifts(phase, req)[1]:
+            if self._draw(phase).rho > 0.0 and self._shifts(phase, req)[1]:
                 own.append(self._request_draws[req][3])
+            elif phase:  # Phase.REASONING
+                reasoning += 1
             else:
-                counts[phase] += 1
-        return counts[0], counts[1], self.drafter_catches_up and self._last_drafted == 0, *own
+                answer += 1
+        return answer, reasoning, self.drafter_catches_up and self._last_drafted == 0, *own
 
     def _gains_for(self, rows: list[tuple[Phase, str | None]]):
         """``gains_at(price)`` of ``decide.drafting_depth`` for these requests: per request and
@@ -248,9 +235,9 @@ class AdaptivePolicy:
         n = self.n
         per_row = []  # (multiplicity, drawn survival, price moves, gated sample, recent survivals)
         by_phase: dict[Phase, list] = {}  # requests that are their phase share one row
+        gating = self.confidence_seen
         for phase, req in rows:
             shifts, own = self._shifts(phase, req)
-            gating = self.confidence_seen
             if not own:  # the phase's draw: its gated drafts, the price moved by the draw
                 row = by_phase.get(phase)
                 if row is None:
@@ -262,20 +249,19 @@ class AdaptivePolicy:
             drawn = survival([sigmoid(logit(a) + d) for a, d in zip(self._draw(phase).mean, shifts)])
             recent = self.gated[phase].survivals(shifts, n) if gating else None
             per_row.append([1, drawn, None, None, recent])  # the request's shifts on each gated draft
-
         return lambda price: gated_gains(per_row, n, price)
 
     def _shifts(self, phase: Phase, req: str | None) -> tuple[list[float], bool]:
         """The current draw of the request's acceptance, as log-odds shifts from its phase's mean
         rates: the phase's drawn rates, and, where the phase's outcomes persist, the request's
         own record drawn around them (``RequestRecord.sample_offsets``; then True)."""
-        cached = self._request_draws.get(req)
-        if cached is not None and cached[0] is phase:
-            return cached[1], cached[2]
         draw = self._draw(phase)
         rho = draw.rho
         if rho <= 0.0 or req is None:  # the phase's draw: nothing of the request's own to hold
             return draw.shifts, False
+        cached = self._request_draws.get(req)
+        if cached is not None and cached[0] is phase:
+            return cached[1], cached[2]
         record = self.records.get(req)
         if record is None or record.phase is not phase:
             shifts, own = draw.shifts, False
@@ -302,8 +288,8 @@ class AdaptivePolicy:
         if calibrators is not None and not self.confidence_seen and any(f is not None for _p, _r, f, _a in items):
             self.confidence_seen = True
             self._ready.clear()  # readiness now asks for calibration labels
-            for kept in (self._draws, self._request_draws, self._plans, self._gates):  # drawn and decided
-                kept.clear()  # again with the calibrators
+            for kept in (self._draws, self._request_draws, self._plans, self._gates, self._yields):  # drawn and
+                kept.clear()  # decided again with the calibrators
         # the depths depend on these alone where every request reads its phase's draw (then kept for the draw)
         key: list = [uniform, self._drafting_now, self.drafter_catches_up and self._last_drafted == 0]
         for phase, req, features, available in items:
@@ -312,9 +298,9 @@ class AdaptivePolicy:
                 self.offsets[req] = None
                 key.append((phase, available, -1))
                 continue
-            shifts, own = self._shifts(phase, req)
+            draw = self._draw(phase)  # (with confidences, it prices the phase's gated drafts)
+            shifts, own = self._shifts(phase, req) if draw.rho > 0.0 else (draw.shifts, False)
             if features is not None and calibrators is not None:
-                self._draw(phase)  # prices the phase's gated drafts with its calibrator's draw
                 z = self.gated[phase].learn_one(features[:available])
                 # the calibrator learns against the request's expected shift (not this step's draw)
                 self.offsets[req] = self._mean_offsets(phase, req) if own else None
@@ -324,7 +310,7 @@ class AdaptivePolicy:
                 survivals.append(survival(shifted(self.rates[phase].predict_one(), shifts))[:available])
                 key.append(_FRESH)
             else:
-                survivals.append(self._draw(phase).drawn_survival[:available])
+                survivals.append(draw.drawn_survival[:available])
                 key.append((phase, available, 0))
         kept = self._gates.get(key := tuple(key))
         if kept is not None:
@@ -366,15 +352,24 @@ class AdaptivePolicy:
         self.cost.learn_one((num_requests, verified_tokens, drafted, resumed, self.idle_drafter_runs), seconds)
         self._last_drafted = drafted
 
-    def account_step(self, seconds: float, requests: dict[Phase, int], tokens: dict[Phase, int]) -> None:
-        """A decode step's time, requests and tokens per phase, for ``estimate`` (a random one
-        step in ``DRAW_EVERY``: a sample of the steps is as good an estimate, at a quarter of the
-        cost, and a random one cannot alias with a periodic pattern)."""
-        if self._sampler.random() * DRAW_EVERY >= 1.0 or not self.cost.known or not self.cost.learn:
+    def account_step(self, seconds: float, decisions: dict[str, tuple[Phase, int]], tokens: dict[str, int]) -> None:
+        """A decode step for ``estimate`` (``SpeedEstimate.learn_step``), one step in ``DRAW_EVERY``
+        on average, at random gaps of 1 to ``2 DRAW_EVERY - 1`` steps: a sample of the steps is as
+        good an estimate at a quarter of the cost, and random gaps cannot alias with a pattern."""
+        self._account_in -= 1
+        if self._account_in > 0:
             return
-        yields = {p: fixed_yield(self.rates[p].predict_one(), self.n, self.gated[p] if self.confidence_seen else None)
-                  for p in requests}  # what one request-step at the fixed depth yields, per phase
-        self.speed.learn_one(self.cost, seconds, requests, tokens, yields, self.idle_drafter_runs)
+        self._account_in = 1 + int(self._sampler.random() * (2 * DRAW_EVERY - 1))
+        if self.cost.known and self.cost.learn:
+            self.speed.learn_step(self.cost, seconds, decisions, tokens, self._fixed_yield, self.idle_drafter_runs)
+
+    def _fixed_yield(self, phase: Phase) -> float:
+        """What one request-step of ``phase`` at the fixed depth yields (kept for the draw)."""
+        y = self._yields.get(phase)
+        if y is None:
+            y = self._yields[phase] = fixed_yield(self.rates[phase].predict_one(), self.n,
+                                                  self.gated[phase] if self.confidence_seen else None)
+        return y
 
     def estimate(self) -> dict[str, dict[str, float]] | None:
         """The estimated speed-up against plain decoding and the fixed configured depth, per

@@ -202,6 +202,9 @@ class ConfidenceCalibrator:
 
     def sample(self, rng: random.Random) -> list[float]:
         """One draw of ``theta = (w, b_1..b_N)`` from the posterior (``w`` kept ``>= 0``)."""
+        return self._sample2(rng) if self.dim == 3 else self._sample_any(rng)
+
+    def _sample_any(self, rng: random.Random) -> list[float]:
         cov, dim = self.cov, self.dim
         chol: list[list[float]] = []  # lower-triangular L with L L^T = cov
         for i in range(dim):
@@ -214,6 +217,24 @@ class ConfidenceCalibrator:
             chol.append(row)
         eps = normals(rng, dim)
         theta = [t + sum(row[k] * eps[k] for k in range(i + 1)) for i, (t, row) in enumerate(zip(self.theta, chol))]
+        if theta[0] < 0.0:
+            theta[0] = 0.0
+        return theta
+
+    def _sample2(self, rng: random.Random) -> list[float]:
+        """``sample`` written out for two positions (a 3x3 covariance), the same floats."""
+        (c00, _, _), (c10, c11, _), (c20, c21, c22) = self.cov
+        l00 = math.sqrt(c00) if c00 > 0.0 else 0.0
+        l10 = c10 / l00 if l00 > 0.0 else 0.0
+        acc = c11 - l10 * l10
+        l11 = math.sqrt(acc) if acc > 0.0 else 0.0
+        l20 = c20 / l00 if l00 > 0.0 else 0.0
+        l21 = (c21 - l20 * l10) / l11 if l11 > 0.0 else 0.0
+        acc = c22 - (l20 * l20 + l21 * l21)
+        l22 = math.sqrt(acc) if acc > 0.0 else 0.0
+        e0, e1, e2 = normals(rng, 3)
+        t0, t1, t2 = self.theta
+        theta = [t0 + l00 * e0, t1 + (l10 * e0 + l11 * e1), t2 + (l20 * e0 + l21 * e1 + l22 * e2)]
         if theta[0] < 0.0:
             theta[0] = 0.0
         return theta

@@ -80,6 +80,8 @@ class DepthController:
         self._begin = getattr(policy, "begin_step", None)
         self._account = getattr(policy, "account_step", None)  # a policy's live estimate
         self._wants_confidences = bool(getattr(policy, "reads_confidences", False))
+        self._uniform = None if batch_depth is BatchDepth.PER_REQUEST else batch_depth.value  # for ``gate``
+        self._drafter_depth = min if batch_depth is BatchDepth.MIN else max  # of the planned depths
 
     def set_confidences(self, request_id: str, features: list[float]) -> None:
         """The drafter's features of ``request_id``'s current drafts (one per draft, in order)."""
@@ -92,14 +94,6 @@ class DepthController:
             state = self.rules.track(request)
             self.states[request.request_id] = state
         return state.advance(self.rules, request.output_token_ids)
-
-    def _phase_now(self, request: Any) -> Phase:
-        """``phase_of``, reusing what ``before_schedule`` found this step when the request's
-        output has not grown since (``plan_drafts`` runs in the same ``schedule`` call)."""
-        seen = self._seen.get(request.request_id)
-        if seen is not None and seen[1] == len(request.output_token_ids):
-            return seen[0]
-        return self.phase_of(request)
 
     def _depth(self, request_id: str, phase: Phase) -> int:
         plan = self.plans.get(request_id)
@@ -136,7 +130,7 @@ class DepthController:
             self._gated(drafting, decisions)
             return decisions
         depths = [self._depth(request.request_id, phase) for request, phase in drafting]
-        if self.batch_depth is not BatchDepth.PER_REQUEST:
+        if self._uniform is not None:
             depths = apply_batch_depth(depths, self.batch_depth)
         self.confidences.clear()  # they describe this step's drafts only
         for (request, phase), k in zip(drafting, depths):
@@ -151,24 +145,26 @@ class DepthController:
     def _gated(self, drafting: list[tuple[Any, Phase]], decisions: Decisions) -> None:
         """The policy's depths for the step's drafting requests (each with its fresh confidences,
         when it has them), into ``decisions``; the features of the drafts verified are kept."""
-        items = []
         confidences = self.confidences
-        for request, phase in drafting:
-            f = confidences.pop(request.request_id, None) if confidences else None
-            n = len(request.spec_token_ids)
-            items.append((phase, request.request_id, f, n if f is None or len(f) >= n else len(f)))
-        confidences.clear()  # they describe this step's drafts only
-        uniform = None if self.batch_depth is BatchDepth.PER_REQUEST else self.batch_depth.value
+        if confidences:
+            items = []
+            for request, phase in drafting:
+                f = confidences.pop(request.request_id, None)
+                n = len(request.spec_token_ids)
+                items.append((phase, request.request_id, f, n if f is None or len(f) >= n else len(f)))
+            confidences.clear()  # they describe this step's drafts only
+        else:
+            items = [(phase, request.request_id, None, len(request.spec_token_ids)) for request, phase in drafting]
         verifying = self.verifying
-        for (request, _phase), (phase, req_id, f, _n), k in zip(drafting, items, self._gate(items, uniform)):
+        for (request, _), item, k in zip(drafting, items, self._gate(items, self._uniform)):
             spec = request.spec_token_ids
             if k < len(spec):
                 request.spec_token_ids = spec[:k]
             else:
                 k = len(spec)
-            decisions[req_id] = (phase, k)
-            if f is not None:
-                verifying[req_id] = f[:k]
+            decisions[item[1]] = (item[0], k)
+            if item[2] is not None:
+                verifying[item[1]] = item[2][:k]
 
     def plan_drafts(self, scheduled: Iterable[Any]) -> int | None:
         """Choose the next step's depth of every request that drafts in this step.
@@ -176,7 +172,14 @@ class DepthController:
         Returns the number of drafts per request the drafter should produce (the deepest plan,
         or the shallowest under ``batch_depth: min``), or None when nothing was scheduled.
         """
-        rows = [(self._phase_now(request), request.request_id) for request in scheduled]
+        seen, rows = self._seen, []
+        for request in scheduled:  # the phase ``before_schedule`` found, unless the output grew since
+            req_id = request.request_id
+            found = seen.get(req_id)
+            if found is not None and found[1] == len(request.output_token_ids):
+                rows.append((found[0], req_id))
+            else:
+                rows.append((self.phase_of(request), req_id))
         if not rows:
             return None
         if self._plan is not None:
@@ -186,7 +189,7 @@ class DepthController:
         plans = self.plans
         for row, k in zip(rows, planned):
             plans[row[1]] = (row[0], k)
-        return min(planned) if self.batch_depth is BatchDepth.MIN else max(planned)
+        return self._drafter_depth(planned)
 
     def after_output(
         self,
@@ -203,38 +206,36 @@ class DepthController:
         arrived; ``step``: the step's timing, when measured.
         """
         verified_tokens = 0
-        in_step: dict[Phase, int] = {}  # requests and tokens per phase, for a policy's estimate
-        added_by_phase: dict[Phase, int] = {}
-        record, observe, verifying = self.stats.record, self.policy.observe, self.verifying
+        stats, verifying = self.stats, self.verifying
+        record, observe = stats.record, self.policy.observe
         for req_id, (phase, chosen) in decisions.items():
-            added = tokens.get(req_id)
-            if added is not None:
-                in_step[phase] = in_step.get(phase, 0) + 1
-                added_by_phase[phase] = added_by_phase.get(phase, 0) + added
             features = verifying.pop(req_id, None) if verifying else None
             counts = counted.get(req_id)
             if counts is not None:
                 verified, accepted = counts
                 verified_tokens += verified
-                record(phase, verified, accepted, added or 0, req_id)
+                record(phase, verified, accepted, tokens.get(req_id) or 0, req_id)
                 observe(phase, verified, accepted, req_id)
                 if features:
                     self.policy.observe_confidence(phase, features, verified, accepted, req_id)
-            elif added is None:
+                continue
+            added = tokens.get(req_id)
+            if added is None:
                 continue  # aborted while the step ran: nothing happened to it
-            elif chosen == 0 and added:
+            if chosen == 0 and added:
                 record(phase, 0, 0, added, req_id)
                 observe(phase, 0, 0, req_id)
             else:
-                self.stats.totals[phase].tokens += added
+                stats.totals[phase].tokens += added
         if step is not None and step.num_requests:
-            self.stats.record_step_time(
-                step.seconds, verified_tokens, step.num_requests, step.draft_depth, step.decode_only
-            )
+            if stats.tracing:
+                stats.record_step_time(
+                    step.seconds, verified_tokens, step.num_requests, step.draft_depth, step.decode_only
+                )
             if step.decode_only:
                 self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth)
-                if self._account is not None and in_step:
-                    self._account(step.seconds, in_step, added_by_phase)
+                if self._account is not None:
+                    self._account(step.seconds, decisions, tokens)
 
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)

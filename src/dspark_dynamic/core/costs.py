@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import random
-from operator import mul, sub
+from operator import mul
 from typing import NamedTuple
 
 from dspark_dynamic.core.draws import normals
@@ -66,7 +66,7 @@ PRIOR_SD = 0.5  # prior standard deviation of every coefficient, in plain one-re
 SHAPE_EVIDENCE = WARMUP / 2  # the most steps' weight one step shape carries in the posterior (see
 # "Evidence per shape"; tuned as a fraction of WARMUP: 4, 6, 8 and 16 tried on the simulator's
 # noisy machines, 8 the best worst case)
-SOLVE_EVERY = 128  # steps between solves (speed: a solve costs ~150 us; the posterior moves slowly)
+SOLVE_EVERY = 128  # steps between solves (speed: a solve costs ~100-200 us; the posterior moves slowly)
 # Besides: a solve at each power of two from WARMUP up to SOLVE_EVERY fitted steps (16, 32, 64:
 # a fresh engine's posterior moves fast), and after the first step that drafts a depth no step
 # before it did (what exploring that depth showed counts at once, not SOLVE_EVERY steps later)
@@ -93,7 +93,22 @@ def prior_mean(verify: float, draft: float, draft_token: float) -> list[float]:
     return [0.5, 0.5, verify, 0.0, draft, draft_token, 0.0, 0.0]
 
 
+def _outer(x: list[float] | tuple[float, ...]) -> list[float]:
+    """``x x^T``, row by row."""
+    return [a * b for a in x for b in x]
+
+
+def _nonzero(x: tuple[float, ...]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """``x``'s nonzero entries ``(i, x_i)``, and the upper triangle's of ``x x^T`` as
+    ``(i N + j, x_i x_j)``, ``i <= j`` (what a step of its shape adds to the Gram matrix)."""
+    nz = [(i, v) for i, v in enumerate(x) if v]
+    n = len(x)
+    return nz, [(i * n + j, vi * vj) for i, vi in nz for j, vj in nz if j >= i]
+
+
 def _cholesky(a: list[list[float]]) -> list[list[float]] | None:
+    """The lower-triangular ``L`` with ``L L^T = a`` (rows of full length), None unless ``a`` is
+    positive definite."""
     n = len(a)
     low = [[0.0] * n for _ in range(n)]
     for i in range(n):
@@ -108,26 +123,19 @@ def _cholesky(a: list[list[float]]) -> list[list[float]] | None:
     return low
 
 
-def _inverse_spd(a: list[list[float]]) -> list[list[float]] | None:
-    """Inverse of a symmetric positive-definite matrix (Gauss-Jordan; no pivoting needed)."""
-    n = len(a)
-    m = [row[:] for row in a]
-    for c in range(n):
-        rc = m[c]
-        pivot = rc[c]
-        if not pivot > 1e-300:
-            return None
-        inv = 1.0 / pivot
-        rc = m[c] = list(map(inv.__mul__, rc))
-        rc[c] = inv
-        for r in range(n):
-            if r != c:
-                rr = m[r]
-                f = rr[c]
-                if f:
-                    rr = m[r] = list(map(sub, rr, map(f.__mul__, rc)))
-                    rr[c] = -f * inv
-    return m
+def _inverse_columns(low: list[list[float]]) -> list[list[float]]:
+    """The columns of ``L^-1`` for a lower-triangular ``L`` with a positive diagonal: column ``j``
+    is row ``j`` of ``U = L^-T`` (upper triangular: ``U U^T = (L L^T)^-1``)."""
+    n = len(low)
+    cols = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        row = low[i]
+        d = 1.0 / row[i]
+        cols[i][i] = d
+        for j in range(i):  # (L^-1)_ij = -(1 / L_ii) sum_{j <= k < i} L_ik (L^-1)_kj
+            col = cols[j]
+            col[i] = -d * sum(map(mul, row[j:i], col[j:i]))
+    return cols
 
 
 class StepCost:
@@ -142,11 +150,13 @@ class StepCost:
         self.solved = 0  # solves so far (0: the prior's costs)
         self.fitted = 0
         self._warm: list[tuple[float, tuple[float, ...]]] = []
+        self._warming = learn  # the first steps set ``scale`` (until then, or a solve, ``scale`` is 1)
         self._keep = 1.0 - 1.0 / MEMORY
         self._grow = 1.0 / self._keep
         self._w = 1.0  # weight of the next step (grows; renormalised at each solve)
-        # per shape seen: [its features, ``predict_one`` of them until the mean moves,
-        # sum w, sum w y, sum w y^2] (a policy's shapes map one to one to their features)
+        # per shape seen: [its features, ``predict_one`` of them until the mean moves, sum w,
+        # sum w y, sum w y^2, ``_nonzero`` of the features] (a policy's shapes map one to one to
+        # their features)
         self._entries: dict[Shape, list] = {}
         self.abs_err = 0.0
         self.noise = 0.0  # residual variance (seconds^2, at the steady speed)
@@ -173,9 +183,10 @@ class StepCost:
         entry = self._entries.get(shape)
         if entry is None:
             shape = Shape(*shape)
-            entry = self._entries[shape] = [features(shape), None, 0.0, 0.0, 0.0]
-        x = entry[0]
-        if self.scale == 1.0 and self.solved == 0:
+            x = features(shape)
+            entry = self._entries[shape] = [x, None, 0.0, 0.0, 0.0, _nonzero(x)]
+        if self._warming:
+            x = entry[0]
             self._warm.append((seconds, x))
             if len(self._warm) <= WARMUP:
                 return
@@ -183,7 +194,7 @@ class StepCost:
                 self._set_scale()
         pred = entry[1]
         if pred is None:  # the mean changes only at a solve
-            pred = entry[1] = self.predict_one(x)
+            pred = entry[1] = self.predict_one(entry[0])
         speed = self.speed
         if pred > 0.0:  # the machine's speed: running geometric means of clipped ratios, lately and over MEMORY
             ratio = seconds / pred
@@ -221,6 +232,7 @@ class StepCost:
         the prior predicts for them (the prior is in units of that step)."""
         ratios = sorted(t / max(1e-9, sum(r * v for r, v in zip(self.relative, x))) for t, x in self._warm[1:])
         self.scale = ratios[len(ratios) // 2]
+        self._warming = False
         self.mean = [self.scale * c for c in self.relative]
         self._forget_predictions()
         self._warm = []
@@ -238,11 +250,10 @@ class StepCost:
         n = N_FEATURES
         scale = 1.0 / self._w
         self._w = 1.0
-        xx = [[0.0] * n for _ in range(n)]
+        xx = [0.0] * (n * n)  # the weighted Gram matrix, row by row (its upper triangle, then mirrored)
         xy = [0.0] * n
         yy = weight = 0.0
         for entry in self._entries.values():
-            x = entry[0]
             w, wy, wyy = entry[2] * scale, entry[3] * scale, entry[4] * scale
             if w < 1e-9:  # forgotten: a shape seen again starts new sums
                 entry[2] = entry[3] = entry[4] = 0.0
@@ -253,44 +264,55 @@ class StepCost:
                 w, wy, wyy = SHAPE_EVIDENCE, wy * shrink, wyy * shrink
             weight += w
             yy += wyy
-            nz = [(i, v) for i, v in enumerate(x) if v]
-            for i, vi in nz:
-                xy[i] += wy * vi
-                row = xx[i]
-                for j, vj in nz:
-                    row[j] += w * vi * vj
+            for i, v in entry[5][0]:
+                xy[i] += wy * v
+            for ij, vv in entry[5][1]:
+                xx[ij] += w * vv
         if weight <= 0.0:
             return
         # residual variance at the current mean (what the data says of the noise), floored so a
         # few identical steps do not claim certainty
         m = self.mean
-        sse = yy - 2.0 * sum(m[i] * xy[i] for i in range(n)) + sum(
-            m[i] * m[j] * xx[i][j] for i in range(n) for j in range(n) if xx[i][j])
+        for i in range(n):  # the lower triangle from the upper
+            for j in range(i):
+                xx[i * n + j] = xx[j * n + i]
+        sse = yy - 2.0 * sum(map(mul, m, xy)) + sum(map(mul, _outer(m), xx))
         floor = (0.01 * self.scale) ** 2
         self.noise = max(sse / weight, floor)
         prior_var = (PRIOR_SD * self.scale) ** 2
-        precision = [[xx[i][j] / self.noise + (1.0 / prior_var if i == j else 0.0) for j in range(n)] for i in range(n)]
-        cov = _inverse_spd(precision)
-        if cov is None:
+        # the precision matrix and its right-hand side in reverse order: with its Cholesky factor
+        # ``L`` (``J P J = L L^T``, ``J`` the reversal), ``J L^-T J`` is the covariance's own
+        # lower Cholesky factor
+        diagonal = 1.0 / prior_var
+        precision = [[xx[i * n + j] / self.noise + (diagonal if i == j else 0.0) for j in range(n - 1, -1, -1)]
+                     for i in range(n - 1, -1, -1)]
+        low = _cholesky(precision)
+        if low is None:
             return
-        rhs = [xy[i] / self.noise + self.scale * self.relative[i] / prior_var for i in range(n)]
+        rhs = [xy[i] / self.noise + self.scale * self.relative[i] / prior_var for i in range(n - 1, -1, -1)]
+        upper = _inverse_columns(low)  # U = L^-T, row by row
+        v: list[float] = []  # the mean solves P mean = rhs: forward with L, back with L^T (U's rows)
+        for i in range(n):
+            v.append((rhs[i] - sum(map(mul, low[i][:i], v))) * upper[i][i])
         old = self.mean
-        self.mean = [sum(cov[i][j] * rhs[j] for j in range(n)) for i in range(n)]
+        self.mean = [sum(map(mul, upper[i][i:], v[i:])) for i in range(n - 1, -1, -1)]
         moved = total = 0.0  # the fit's level moves by its predictions' mean log change over the steps seen
         for entry in self._entries.values():
             w = entry[2]
             if w > 0.0:
                 x = entry[0]
-                before, after = sum(a * v for a, v in zip(old, x)), sum(a * v for a, v in zip(self.mean, x))
+                before, after = sum(map(mul, old, x)), sum(map(mul, self.mean, x))
                 if before > 0.0 and after > 0.0:
                     moved += w * math.log(after / before)
                     total += w
         if total > 0.0:
             self._level += moved / total
         self._forget_predictions()
-        low = _cholesky(cov)
-        self._low = None if low is None else [row[: i + 1] for i, row in enumerate(low)]
+        # the covariance's lower Cholesky factor, row i its first i + 1 entries: U's row N-1-i
+        # read from its last entry to its diagonal
+        self._low = [row[: i - 1 if i else None : -1] for i, row in enumerate(upper)][::-1]
         self.solved += 1
+        self._warming = False
 
     def sample(self, rng: random.Random) -> list[float]:
         """One draw of ``theta`` from the posterior (the mean itself while costs are given or

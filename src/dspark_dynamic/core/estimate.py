@@ -18,6 +18,8 @@ the fixed depth's acceptance beyond the depths the policy verifies is the rates'
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from dspark_dynamic.core.acceptance import GateSample
 from dspark_dynamic.core.costs import MEMORY, Shape, StepCost, features
 from dspark_dynamic.core.phase import Phase
@@ -50,6 +52,23 @@ class SpeedEstimate:
         self.sums = {p: [0.0] * 6 for p in Phase}
         self._prices: dict[int, tuple[float, float]] = {}  # requests -> (plain, fixed) step seconds
         self._solved = -1
+
+    def learn_step(self, cost: StepCost, seconds: float, decisions: Mapping[str, tuple[Phase, int]],
+                   tokens: Mapping[str, int], fixed_tokens: Callable[[Phase], float],
+                   idle_drafter_runs: bool = False) -> None:
+        """One decode step from the controller's view of it: each request's phase (``decisions``)
+        and the tokens it added (``tokens``: the requests live at the step's output);
+        ``fixed_tokens(phase)``: what a request-step at the fixed depth yields there."""
+        requests: dict[Phase, int] = {}
+        added: dict[Phase, int] = {}
+        for req_id, (phase, _k) in decisions.items():
+            n = tokens.get(req_id)
+            if n is not None:
+                requests[phase] = requests.get(phase, 0) + 1
+                added[phase] = added.get(phase, 0) + n
+        if requests:
+            yields = {p: fixed_tokens(p) for p in requests}
+            self.learn_one(cost, seconds, requests, added, yields, idle_drafter_runs)
 
     def learn_one(self, cost: StepCost, seconds: float, requests: dict[Phase, int], tokens: dict[Phase, int],
                   fixed_tokens: dict[Phase, float], idle_drafter_runs: bool = False) -> None:
