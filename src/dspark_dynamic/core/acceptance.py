@@ -51,6 +51,17 @@ def logit(p: float) -> float:
     return math.log(p / (1.0 - p))
 
 
+def _count(succ: list[float], seen: list[float], w: float, verified: int, accepted: int) -> None:
+    """Add one request-step's outcomes with weight ``w``: positions ``1..m`` seen and accepted,
+    position ``m+1`` seen and rejected when ``m < k`` (``k`` verified, ``m`` accepted)."""
+    n = len(seen)
+    for j in range(accepted if accepted < n else n):
+        seen[j] += w
+        succ[j] += w
+    if accepted < verified and accepted < n:
+        seen[accepted] += w
+
+
 def sigmoid(z: float) -> float:
     if z >= 0.0:
         return 1.0 / (1.0 + math.exp(-z))
@@ -88,12 +99,7 @@ class PositionRates:
     def learn_one(self, verified: int, accepted: int) -> None:
         if verified <= 0:
             return
-        w, seen, succ, n = self._w, self.seen, self.succ, self.n
-        for j in range(accepted if accepted < n else n):  # accepted: seen, and a success
-            seen[j] += w
-            succ[j] += w
-        if accepted < verified and accepted < n:  # the first rejected: seen, a failure
-            seen[accepted] += w
+        _count(self.succ, self.seen, self._w, verified, accepted)
         self.observations += 1
         self._means = None
 
@@ -198,14 +204,7 @@ class RequestRecord:
         return [v * unit for v in self._seen]
 
     def learn_one(self, verified: int, accepted: int) -> None:
-        w = 1.0 / self._unit()
-        seen, succ = self._seen, self._succ
-        n = len(seen)
-        for j in range(accepted if accepted < n else n):
-            seen[j] += w
-            succ[j] += w
-        if accepted < verified and accepted < n:
-            seen[accepted] += w
+        _count(self._succ, self._seen, 1.0 / self._unit(), verified, accepted)
 
     def mean_offsets(self, rates: list[float], rho: float) -> list[float]:
         """The posterior mean of this request's log-odds shifts (see ``sample_offsets``)."""

@@ -57,6 +57,7 @@ MIN_LABELS = 16
 # without confidences on the simulator's noisy machines (worst machine 0.991 -> 0.942)
 DRAW_EVERY = 4
 _FRESH = object()  # in a gate's key: a request's survivals are fresh each step, so not kept
+_REASONING = Phase.REASONING  # (an enum member read from its class costs ~0.1 us a step)
 
 
 class _PhaseDraw(NamedTuple):
@@ -222,7 +223,7 @@ class AdaptivePolicy:
         for phase, req in rows:
             if self._draw(phase).rho > 0.0 and self._shifts(phase, req)[1]:
                 own.append(self._request_draws[req][3])
-            elif phase:  # Phase.REASONING
+            elif phase is _REASONING:
                 reasoning += 1
             else:
                 answer += 1
@@ -254,7 +255,9 @@ class AdaptivePolicy:
     def _shifts(self, phase: Phase, req: str | None) -> tuple[list[float], bool]:
         """The current draw of the request's acceptance, as log-odds shifts from its phase's mean
         rates: the phase's drawn rates, and, where the phase's outcomes persist, the request's
-        own record drawn around them (``RequestRecord.sample_offsets``; then True)."""
+        own record drawn around them (``RequestRecord.sample_offsets``; then True).  Where the
+        draw's ``rho`` is 0 this is ``(draw.shifts, False)``: the gate and the plan key read that
+        without the call, on every step."""
         draw = self._draw(phase)
         rho = draw.rho
         if rho <= 0.0 or req is None:  # the phase's draw: nothing of the request's own to hold

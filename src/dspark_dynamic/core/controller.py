@@ -145,26 +145,23 @@ class DepthController:
     def _gated(self, drafting: list[tuple[Any, Phase]], decisions: Decisions) -> None:
         """The policy's depths for the step's drafting requests (each with its fresh confidences,
         when it has them), into ``decisions``; the features of the drafts verified are kept."""
+        items = []
         confidences = self.confidences
-        if confidences:
-            items = []
-            for request, phase in drafting:
-                f = confidences.pop(request.request_id, None)
-                n = len(request.spec_token_ids)
-                items.append((phase, request.request_id, f, n if f is None or len(f) >= n else len(f)))
-            confidences.clear()  # they describe this step's drafts only
-        else:
-            items = [(phase, request.request_id, None, len(request.spec_token_ids)) for request, phase in drafting]
+        for request, phase in drafting:
+            f = confidences.pop(request.request_id, None) if confidences else None
+            n = len(request.spec_token_ids)
+            items.append((phase, request.request_id, f, n if f is None or len(f) >= n else len(f)))
+        confidences.clear()  # they describe this step's drafts only
         verifying = self.verifying
-        for (request, _), item, k in zip(drafting, items, self._gate(items, self._uniform)):
+        for (request, _phase), (phase, req_id, f, _n), k in zip(drafting, items, self._gate(items, self._uniform)):
             spec = request.spec_token_ids
             if k < len(spec):
                 request.spec_token_ids = spec[:k]
             else:
                 k = len(spec)
-            decisions[item[1]] = (item[0], k)
-            if item[2] is not None:
-                verifying[item[1]] = item[2][:k]
+            decisions[req_id] = (phase, k)
+            if f is not None:
+                verifying[req_id] = f[:k]
 
     def plan_drafts(self, scheduled: Iterable[Any]) -> int | None:
         """Choose the next step's depth of every request that drafts in this step.
@@ -228,10 +225,9 @@ class DepthController:
             else:
                 stats.totals[phase].tokens += added
         if step is not None and step.num_requests:
-            if stats.tracing:
-                stats.record_step_time(
-                    step.seconds, verified_tokens, step.num_requests, step.draft_depth, step.decode_only
-                )
+            stats.record_step_time(
+                step.seconds, verified_tokens, step.num_requests, step.draft_depth, step.decode_only
+            )
             if step.decode_only:
                 self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth)
                 if self._account is not None:

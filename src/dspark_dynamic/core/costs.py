@@ -150,7 +150,6 @@ class StepCost:
         self.solved = 0  # solves so far (0: the prior's costs)
         self.fitted = 0
         self._warm: list[tuple[float, tuple[float, ...]]] = []
-        self._warming = learn  # the first steps set ``scale`` (until then, or a solve, ``scale`` is 1)
         self._keep = 1.0 - 1.0 / MEMORY
         self._grow = 1.0 / self._keep
         self._w = 1.0  # weight of the next step (grows; renormalised at each solve)
@@ -185,7 +184,7 @@ class StepCost:
             shape = Shape(*shape)
             x = features(shape)
             entry = self._entries[shape] = [x, None, 0.0, 0.0, 0.0, _nonzero(x)]
-        if self._warming:
+        if self.scale == 1.0 and self.solved == 0:
             x = entry[0]
             self._warm.append((seconds, x))
             if len(self._warm) <= WARMUP:
@@ -232,7 +231,6 @@ class StepCost:
         the prior predicts for them (the prior is in units of that step)."""
         ratios = sorted(t / max(1e-9, sum(r * v for r, v in zip(self.relative, x))) for t, x in self._warm[1:])
         self.scale = ratios[len(ratios) // 2]
-        self._warming = False
         self.mean = [self.scale * c for c in self.relative]
         self._forget_predictions()
         self._warm = []
@@ -312,7 +310,6 @@ class StepCost:
         # read from its last entry to its diagonal
         self._low = [row[: i - 1 if i else None : -1] for i, row in enumerate(upper)][::-1]
         self.solved += 1
-        self._warming = False
 
     def sample(self, rng: random.Random) -> list[float]:
         """One draw of ``theta`` from the posterior (the mean itself while costs are given or

@@ -110,11 +110,6 @@ class PhaseStats:
             self._rows.append(f'{{"t": {time.time():.6f}, "req": {req}, "phase": {_LABELS[phase]}, '
                               f'"k": {depth}, "accepted": {accepted}, "tokens": {tokens}}}\n')
 
-    @property
-    def tracing(self) -> bool:
-        """A trace is written (``record_step_time`` only writes to it)."""
-        return self._trace is not None
-
     def record_step_time(
         self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int = -1,
         decode_only: bool = True,
