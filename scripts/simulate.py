@@ -11,13 +11,14 @@ synthetic traces (seed-like, bimodal, drifting, drift: all then no drafts accept
     python scripts/simulate.py --confidence-auc 0.85   # + gating on them, the peers' rules and the best gate
     python scripts/simulate.py --t0-ms 15.4 --draft-ms 0.9 --verify-ms 7.5 --first-ms 2.7 \
         --confidence-auc 0.94 --max-k 2 --noisy-machine 8   # + costs learned on a noisy machine
+    python scripts/simulate.py --dead-spots 24   # only: fresh engines where drafting never pays
 """
 
 from __future__ import annotations
 
 import argparse
 
-from dspark_dynamic.core.simulate import CostModel, NoisyMachine, compare, replay_learning
+from dspark_dynamic.core.simulate import CostModel, NoisyMachine, compare, fresh_engine_drafting, replay_learning
 from dspark_dynamic.core.workloads import (
     ConfidenceModel,
     bimodal_trace,
@@ -57,7 +58,13 @@ def main() -> None:
                          "0.70-1.42x the cost model's speed, each step 10 %% noise), SEEDS machines per workload: "
                          "adaptive with learned costs against the same policy drafting on every step, and the "
                          "most steps one request ran without drafting")
+    ap.add_argument("--dead-spots", type=int, default=0, metavar="SEEDS",
+                    help="print only this: SEEDS fresh single-request engines per noise level on a machine where "
+                         "drafting never pays (core.simulate.fresh_engine_drafting): the steps they drafted on")
     args = ap.parse_args()
+    if args.dead_spots:
+        print_dead_spots(args.dead_spots)
+        return
     cost = CostModel.from_arguments(args)
     print(f"cost model: T(k) = {cost.t0_ms} + {cost.draft_ms}*[drafting] + {cost.first_ms}*[k > 0] + "
           f"({cost.verify_ms} + {cost.draft_token_ms})*k ms")
@@ -90,6 +97,17 @@ def print_noisy(trace, cost: CostModel, features, seeds: int, n: int = 2) -> Non
         ratios.append(ours.tok_per_s / always.tok_per_s)
         print(f"     machine {seed}: {ours.tok_per_s:7.2f} tok/s, {ratios[-1]:.3f}; most idle {ours.most_idle}")
     print(f"     mean {sum(ratios) / len(ratios):.3f}")
+
+
+def print_dead_spots(seeds: int, steps: int = 1000, early: int = 200) -> None:
+    print(f"fresh engines where drafting never pays ({seeds} seeds, {steps} steps each): steps drafted on")
+    print(f"{'step noise':>10} {'seeds drafting on >= 40 % of their first ' + str(early):>44} "
+          f"{'mean in first ' + str(early):>18} {'mean in all':>12} {'most in all':>12}")
+    for noise in (0.0, 0.01, 0.03, 0.10):
+        runs = [fresh_engine_drafting(seed, steps, noise, early) for seed in range(seeds)]
+        stuck = sum(first >= 0.4 * early for first, _ in runs)
+        print(f"{100 * noise:>9.0f}% {stuck:>44} {sum(f for f, _ in runs) / seeds:>18.1f} "
+              f"{sum(a for _, a in runs) / seeds:>12.1f} {max(a for _, a in runs):>12}")
 
 
 if __name__ == "__main__":
