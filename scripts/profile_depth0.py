@@ -18,7 +18,8 @@ the profiler (``--no-profile``) are the wall-clock figures.  ``--timers`` measur
 wall-clock timers around the parts of a step (``dspark_dynamic.testing.part_timers``: the
 engine core, scheduler, executor, input preparation, model forward, sampling and drafting,
 output update, post-step, output processing, stat loggers; the plugin's patches included in
-the part they wrap, and their own time as "plugin hooks"), and prints each part's median and
+the part they wrap, and their own time as "plugin hooks", in all and per patched part), and
+prints each part's median and
 mean per step (a mean above the median: a part that is dear now and then, as a drafter
 catching up) against the first setting's.
 
@@ -37,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dspark_dynamic.testing.part_timers import PARTS
+from dspark_dynamic.testing.part_timers import PARTS, PATCHED
 from dspark_dynamic.testing.part_timers import hooks as timed_hooks
 from dspark_dynamic.testing.part_timers import install as install_timers
 
@@ -108,6 +109,9 @@ def child(args: argparse.Namespace) -> None:
                     for name in PARTS:
                         per_part.setdefault(name, []).append(parts.get(name, 0.0))
                     per_part.setdefault("plugin hooks", []).append(timed_hooks(parts))
+                    for name in PATCHED:  # each patch's own time: its part less the part under it
+                        if f"{name} (vLLM)" in parts:
+                            per_part.setdefault(f"  hook: {name}", []).append(parts[name] - parts[f"{name} (vLLM)"])
     profiler.disable()
     if args.profile:
         profiler.dump_stats(args.out + ".prof")
@@ -142,7 +146,9 @@ def print_parts(settings: list[str], results: dict) -> None:
     ref = results[settings[0]]["parts"]
     print("\nms per decode step, median / mean (the first setting's, then each other's less it)")
     print(f"{'part':<20}" + "".join(f"{name:>26}" for name in settings))
-    for part in [*PARTS, "plugin hooks", "decode step"]:
+    for part in [*PARTS, "plugin hooks", *(f"  hook: {name}" for name in PATCHED), "decode step"]:
+        if part not in ref:
+            continue
         cells = []
         for i, name in enumerate(settings):
             med, mean = results[name]["parts"][part]
