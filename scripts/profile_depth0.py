@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dspark_dynamic.testing.part_timers import PARTS, PATCHED
+from dspark_dynamic.testing.part_timers import PARTS, PATCHED, hook_times
 from dspark_dynamic.testing.part_timers import hooks as timed_hooks
 from dspark_dynamic.testing.part_timers import install as install_timers
 
@@ -109,9 +109,8 @@ def child(args: argparse.Namespace) -> None:
                     for name in PARTS:
                         per_part.setdefault(name, []).append(parts.get(name, 0.0))
                     per_part.setdefault("plugin hooks", []).append(timed_hooks(parts))
-                    for name in PATCHED:  # each patch's own time: its part less the part under it
-                        if f"{name} (vLLM)" in parts:
-                            per_part.setdefault(f"  hook: {name}", []).append(parts[name] - parts[f"{name} (vLLM)"])
+                    for name, seconds in hook_times(parts).items():
+                        per_part.setdefault(f"  hook: {name}", []).append(seconds)
     profiler.disable()
     if args.profile:
         profiler.dump_stats(args.out + ".prof")
@@ -145,7 +144,7 @@ def print_parts(settings: list[str], results: dict) -> None:
     """Per part of a decode step: median and mean ms per setting, and each setting less the first."""
     ref = results[settings[0]]["parts"]
     print("\nms per decode step, median / mean (the first setting's, then each other's less it)")
-    print(f"{'part':<20}" + "".join(f"{name:>26}" for name in settings))
+    print(f"{'part':<30}" + "".join(f"{name:>26}" for name in settings))
     for part in [*PARTS, "plugin hooks", *(f"  hook: {name}" for name in PATCHED), "decode step"]:
         if part not in ref:
             continue
@@ -155,7 +154,7 @@ def print_parts(settings: list[str], results: dict) -> None:
             if i:
                 med, mean = med - ref[part][0], mean - ref[part][1]
             cells.append(f"{med:+9.3f} / {mean:+8.3f}" if i else f"{med:9.3f} / {mean:8.3f}")
-        print(f"{part:<20}" + "".join(f"{c:>26}" for c in cells))
+        print(f"{part:<30}" + "".join(f"{c:>26}" for c in cells))
 
 
 def main() -> int:

@@ -15,3 +15,4 @@ def test_the_hooks_are_each_patched_part_less_its_time_under_the_patch():
     totals = {"schedule": 3.0, "schedule (vLLM)": 2.5, "execute model": 7.0, "execute model (vLLM)": 6.75,
               "update from output": 1.0, "model forward": 9.0}  # no timing under the update's patch
     assert part_timers.hooks(totals) == 0.75
+    assert part_timers.hook_times(totals) == {"schedule": 0.5, "execute model": 0.25}

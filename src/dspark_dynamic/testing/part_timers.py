@@ -87,6 +87,12 @@ def install() -> dict[str, float]:
     return totals
 
 
+def hook_times(totals: dict[str, float]) -> dict[str, float]:
+    """Seconds each patched part's hooks took in ``totals`` (the part less its vLLM part), for
+    the patched parts that ran."""
+    return {name: totals.get(name, 0.0) - totals[f"{name} (vLLM)"] for name in PATCHED if f"{name} (vLLM)" in totals}
+
+
 def hooks(totals: dict[str, float]) -> float:
-    """Seconds the plugin's hooks took in ``totals`` (each patched part less its vLLM part)."""
-    return sum(totals.get(name, 0.0) - totals[f"{name} (vLLM)"] for name in PATCHED if f"{name} (vLLM)" in totals)
+    """Seconds the plugin's hooks took in ``totals``, all patched parts together."""
+    return sum(hook_times(totals).values())
