@@ -25,7 +25,7 @@ import time
 from dspark_dynamic.core.controller import DepthController, StepTiming
 from dspark_dynamic.core.phase import Phase, PhaseRules, RequestPhase
 from dspark_dynamic.core.policy import BatchDepth, PhasePolicy
-from dspark_dynamic.testing.fakes import FakeRequest as Req
+from dspark_lab.fakes import FakeRequest as Req
 
 START, END, DSML = 128821, 128822, 128825
 RULES = PhaseRules.of([START], [END, DSML])

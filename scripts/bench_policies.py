@@ -16,10 +16,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
-from dspark_dynamic.testing import tiny_models
-from dspark_dynamic.testing.engine_run import run_in_subprocess
-from dspark_dynamic.testing.scenarios import SCRIPT, THINKING_PROMPT
+from dspark_lab.simulate import CostModel, modeled_tok_per_s
+from dspark_lab import tiny_models
+from dspark_lab.engine_run import run_in_subprocess
+from dspark_lab.scenarios import SCRIPT, THINKING_PROMPT
 
 
 def main() -> None:

@@ -29,9 +29,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from dspark_dynamic.testing.engine_run import engine_env
-from dspark_dynamic.testing.serve import free_port
-from dspark_dynamic.testing.wallclock import DRAFTERS, SHAPES, engine_specs
+from dspark_lab.engine_run import engine_env
+from dspark_lab.serve import free_port
+from dspark_lab.wallclock import DRAFTERS, SHAPES, engine_specs
 
 SETTINGS = ("fixed k=0", "fixed k=1", "fixed k=2", "phase 1/2", "adaptive")
 
@@ -85,7 +85,7 @@ def main() -> int:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, prompt_ids
+    from dspark_lab.testbed import TESTBED_SCRIPT, prompt_ids
 
     settings = tuple(s.strip() for s in args.settings.split(",") if s.strip())
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))

@@ -27,8 +27,8 @@ import os
 import sys
 
 from dspark_dynamic.adapter.plugin import require_vllm
-from dspark_dynamic.core.simulate import CostModel
-from dspark_dynamic.testing.wallclock import DEFAULT_SETTINGS, DRAFTERS, SHAPES, format_report, run_wallclock
+from dspark_lab.simulate import CostModel
+from dspark_lab.wallclock import DEFAULT_SETTINGS, DRAFTERS, SHAPES, format_report, run_wallclock
 
 
 def main() -> int:
@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help="comma-separated")
     ap.add_argument("--calibrate", action="store_true", help="add fixed k=3 and print T(k) per step")
     ap.add_argument("--part-timers", action="store_true",
-                    help="time every part of each engine step in every engine (testing/part_timers.py; "
+                    help="time every part of each engine step in every engine (lab/dspark_lab/part_timers.py; "
                          "per round in --json, shown by wallclock_table.py --parts)")
     ap.add_argument("--smoke", action="store_true", help="2 rounds of 1 request, no warm-up")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="default", help="the MoE target's shape")
@@ -90,7 +90,7 @@ def main() -> int:
 
 if __name__ == "__main__":
     if any(a == "--model" or a.startswith("--model=") for a in sys.argv[1:]):  # a real checkpoint
-        from dspark_dynamic.testing.wallclock_real import main as main_real
+        from dspark_lab.wallclock_real import main as main_real
 
         sys.exit(main_real(sys.argv[1:]))
     sys.exit(main())

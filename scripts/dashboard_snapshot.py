@@ -33,9 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from dspark_dynamic.adapter.plugin import require_vllm
-    from dspark_dynamic.testing import prometheus, soak, tiny_models
-    from dspark_dynamic.testing.scenarios import SCRIPT
-    from dspark_dynamic.testing.serve import DEPTHS, TinyServer
+    from dspark_lab import prometheus, soak, tiny_models
+    from dspark_lab.scenarios import SCRIPT
+    from dspark_lab.serve import DEPTHS, TinyServer
 
     require_vllm()
     target, draft = str(tiny_models.build_target(SCRIPT)), str(tiny_models.build_phase_draft(SCRIPT))

@@ -21,8 +21,8 @@ import sys
 
 from dspark_dynamic.core.paired import paired_ratio, summarize
 from dspark_dynamic.adapter.plugin import require_vllm
-from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
-from dspark_dynamic.testing.wallclock import run_wallclock
+from dspark_lab.simulate import CostModel, modeled_tok_per_s
+from dspark_lab.wallclock import run_wallclock
 
 SETTINGS = {"fixed k=0": "plain (no speculation)", "phase 2/2": "fixed k=2", "phase 1/2": "dspark_dynamic 1/2",
             "adaptive": "adaptive + confidence"}

@@ -15,7 +15,7 @@ through ``engine.step()`` under ``cProfile`` after a warm-up, and prints per eng
 cProfile slows Python code (not the kernels) by a roughly constant factor, so the differences
 between settings, not the absolute times, are what it attributes; the medians printed without
 the profiler (``--no-profile``) are the wall-clock figures.  ``--timers`` measures instead with
-wall-clock timers around the parts of a step (``dspark_dynamic.testing.part_timers``: the
+wall-clock timers around the parts of a step (``dspark_lab.part_timers``: the
 engine core, scheduler, executor, input preparation, model forward, sampling and drafting,
 output update, post-step, output processing, stat loggers; the plugin's patches included in
 the part they wrap, and their own time as "plugin hooks", in all and per patched part), and
@@ -38,9 +38,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dspark_dynamic.testing.part_timers import PARTS, PATCHED, hook_times
-from dspark_dynamic.testing.part_timers import hooks as timed_hooks
-from dspark_dynamic.testing.part_timers import install as install_timers
+from dspark_lab.part_timers import PARTS, PATCHED, hook_times
+from dspark_lab.part_timers import hooks as timed_hooks
+from dspark_lab.part_timers import install as install_timers
 
 GROUPS = (  # (label, substring of "file:function"), first match wins
     ("plugin hooks", "dspark_dynamic"),
@@ -59,15 +59,15 @@ def child(args: argparse.Namespace) -> None:
     import cProfile
     import time
 
-    from dspark_dynamic.testing.engine_run import engine_env
+    from dspark_lab.engine_run import engine_env
 
     for key, value in engine_env().items():
         os.environ.setdefault(key, value)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, prompt_ids
-    from dspark_dynamic.testing.wallclock import SHAPES, engine_specs
+    from dspark_lab.testbed import TESTBED_SCRIPT, prompt_ids
+    from dspark_lab.wallclock import SHAPES, engine_specs
 
     spec = engine_specs((args.setting,), None, SHAPES[args.shape], args.drafter)[args.setting]
     kwargs = dict(model=spec["model"], dtype="bfloat16", max_model_len=512, enforce_eager=True,

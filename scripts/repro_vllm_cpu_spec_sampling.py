@@ -5,7 +5,7 @@ No plugin options are used (dspark_dynamic is not configured, so it changes noth
 model (built locally) walks X -> A | B (a fair coin) -> X -> ...; the prompt repeats "X A" so
 ngram speculative decoding proposes the A branch.  Plain sampling gives A about half the time
 and never leaves the walk; ngram k=2 with vLLM's own verifier does not.  The same engine with a
-reference verifier (dspark_dynamic.testing.reference_sampler) patched in is fair again.
+reference verifier (dspark_lab.reference_sampler) patched in is fair again.
 
     python scripts/repro_vllm_cpu_spec_sampling.py [--samples 1600]
 """
@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dspark_dynamic.testing.engine_run import run_in_subprocess
-from dspark_dynamic.testing.sampling import (
+from dspark_lab.engine_run import run_in_subprocess
+from dspark_lab.sampling import (
     BRANCHES,
     CHI2_CRITICAL_0001,
     branch_pattern,

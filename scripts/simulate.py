@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-from dspark_dynamic.core.simulate import CostModel, NoisyMachine, compare, fresh_engine_drafting, replay_learning
-from dspark_dynamic.core.workloads import (
+from dspark_lab.simulate import CostModel, NoisyMachine, compare, fresh_engine_drafting, replay_learning
+from dspark_lab.workloads import (
     ConfidenceModel,
     bimodal_trace,
     draft_features,
@@ -60,7 +60,7 @@ def main() -> None:
                          "most steps one request ran without drafting")
     ap.add_argument("--dead-spots", type=int, default=0, metavar="SEEDS",
                     help="print only this: SEEDS fresh single-request engines per noise level on a machine where "
-                         "drafting never pays (core.simulate.fresh_engine_drafting): the steps they drafted on")
+                         "drafting never pays (dspark_lab.simulate.fresh_engine_drafting): the steps they drafted on")
     args = ap.parse_args()
     if args.dead_spots:
         print_dead_spots(args.dead_spots)

@@ -18,7 +18,7 @@ while vLLM ran some.
     python scripts/soak.py --serve-args="--data-parallel-size 2"    # a layout (two engine cores)
     python scripts/soak.py --no-controller                          # baseline: plain vLLM draft_model
     python scripts/soak.py --base-url http://127.0.0.1:8000 --engine-pid 1234   # a running server
-    python scripts/soak.py --requests 40 --serve-args="--reasoning-parser-plugin dspark_dynamic.testing.leaky_controller"
+    python scripts/soak.py --requests 40 --serve-args="--reasoning-parser-plugin dspark_lab.leaky_controller"
                                                                     # the leak check failing on a leak
 """
 
@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from dspark_dynamic.adapter.plugin import require_vllm
-    from dspark_dynamic.testing import soak
-    from dspark_dynamic.testing.serve import TinyServer, rss_bytes
+    from dspark_lab import soak
+    from dspark_lab.serve import TinyServer, rss_bytes
 
     require_vllm()
 
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         report = soak.run_soak(args.base_url.rstrip("/"), args.requests, args.concurrency, args.seed, args.warmup,
                                rss=lambda: {k: rss_bytes(p) for k, p in pids.items()}, log=log, progress=True)
     else:
-        from dspark_dynamic.testing import tiny_models
-        from dspark_dynamic.testing.scenarios import SCRIPT
+        from dspark_lab import tiny_models
+        from dspark_lab.scenarios import SCRIPT
 
         target, draft = str(tiny_models.build_target(SCRIPT)), str(tiny_models.build_phase_draft(SCRIPT))
         log_path = Path(tempfile.mkdtemp(prefix="dspark-soak-")) / "serve.log"

@@ -19,7 +19,7 @@ import statistics
 import sys
 
 from dspark_dynamic.core.paired import paired_ratio
-from dspark_dynamic.testing.part_timers import PARTS, hooks
+from dspark_lab.part_timers import PARTS, hooks
 
 PLAIN = "fixed k=0"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from dspark_dynamic.testing.engine_run import engine_env
+from dspark_lab.engine_run import engine_env
 
 for _key, _value in engine_env().items():
     os.environ.setdefault(_key, _value)

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from dspark_dynamic.testing import tiny_models
-from dspark_dynamic.testing.engine_run import run_in_subprocess
-from dspark_dynamic.testing.scenarios import SCRIPT
+from dspark_lab import tiny_models
+from dspark_lab.engine_run import run_in_subprocess
+from dspark_lab.scenarios import SCRIPT
 
 pytest.importorskip("vllm")
 

@@ -3,8 +3,8 @@ ids through the multiprocess executor, calibrated per phase, and gating each req
 
 import pytest
 
-from dspark_dynamic.testing import tiny_models
-from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, build_testbed_draft, prompt_ids, drafter_confidence_auc
+from dspark_lab import tiny_models
+from dspark_lab.testbed import TESTBED_SCRIPT, build_testbed_draft, prompt_ids, drafter_confidence_auc
 
 from conftest import counters_delta
 

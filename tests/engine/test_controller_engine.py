@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dspark_dynamic.testing.scenarios import (
+from dspark_lab.scenarios import (
     ANSWER_ONLY,
     BATCHES,
     FULL,
@@ -174,7 +174,7 @@ def test_many_aborted_requests_leave_no_state(engine, target):
 
 
 def test_adaptive_policy_in_the_engine(engine, target, phase_draft, plain, phase_ctl):
-    from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
+    from dspark_lab.simulate import CostModel, modeled_tok_per_s
 
     cost = CostModel(75.0, 3.0, 37.75)
     spec = {

@@ -1,7 +1,7 @@
-"""The Grafana dashboard (docs/grafana/dspark_dynamic.json) against a real Prometheus scraping a
+"""The Grafana dashboard (src/dspark_dynamic/data/grafana/dspark_dynamic.json) against a real Prometheus scraping a
 real `vllm serve`: every panel's PromQL returns series from the running server.
 
-Prometheus is Debian's ``prometheus`` (``scripts/setup_env.sh`` installs it), run here as a child
+Prometheus is Debian's ``prometheus`` (``scripts/install_prometheus.sh`` installs it where it can), run here as a child
 process with its own config and TSDB directory.  ``--dtype float32``: see test_soak_checks.py.
 """
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from dspark_dynamic.testing import prometheus, soak
-from dspark_dynamic.testing.serve import TinyServer
+from dspark_lab import prometheus, soak
+from dspark_lab.serve import TinyServer
 
 pytestmark = pytest.mark.engine
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def scraped(target, phase_draft, tmp_path_factory):
     if prometheus.binary() is None:
-        pytest.skip("no 'prometheus' on PATH (apt-get install -y prometheus; scripts/setup_env.sh installs it)")
+        pytest.skip("no 'prometheus' on PATH (apt-get install -y prometheus; scripts/install_prometheus.sh installs it as root)")
     tmp = tmp_path_factory.mktemp("dashboard")
     # the adaptive policy: its live estimate (dspark_dynamic:estimated_speedup) is a panel too
     controller = {"policy": "adaptive", "reasoning_depth": 1, "answer_depth": 2}

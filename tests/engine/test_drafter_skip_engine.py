@@ -6,10 +6,10 @@ leaves the drafter idle runs the runner's plain decoding branches (``plain_step`
 
 import pytest
 
-from dspark_dynamic.testing import tiny_models
-from dspark_dynamic.testing.engine_run import run_in_subprocess
-from dspark_dynamic.testing.scenarios import SCRIPT, THINKING_PROMPT
-from dspark_dynamic.testing.serve import per_rank_cores
+from dspark_lab import tiny_models
+from dspark_lab.engine_run import run_in_subprocess
+from dspark_lab.scenarios import SCRIPT, THINKING_PROMPT
+from dspark_lab.serve import per_rank_cores
 
 # Reasoning at depth 0 (idle drafter, skipped), the answer at depth 2 (drafts from a cache
 # that must hold every reasoning position); a second batch runs two requests side by side.

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from dspark_dynamic.core.simulate import CostModel
-from dspark_dynamic.testing import tiny_models
-from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, prompt_ids
+from dspark_lab.simulate import CostModel
+from dspark_lab import tiny_models
+from dspark_lab.testbed import TESTBED_SCRIPT, prompt_ids
 
 SCRIPT = TESTBED_SCRIPT
 COST = CostModel(t0_ms=75.0, draft_ms=3.0, verify_ms=37.75)

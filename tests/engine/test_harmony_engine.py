@@ -1,6 +1,6 @@
 """Multi-token phase markers in a real vLLM engine: a harmony-style analysis -> final channel.
 
-The tiny target (``testing/harmony_model.py``) leaves reasoning on the last token of the
+The tiny target (``lab/dspark_lab/harmony_model.py``) leaves reasoning on the last token of the
 three-token ``<|channel|>final<|message|>``; ``--reasoning-parser openai_gptoss`` resolves the
 markers, the oracle drafter accepts every draft, and the controller verifies 1 draft while
 reasoning and 2 in the answer.  At depth 1 every step commits 2 tokens, so the 3-token marker is
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from dspark_dynamic.testing.harmony_model import HarmonyScript, build_harmony_target
+from dspark_lab.harmony_model import HarmonyScript, build_harmony_target
 
 from conftest import counters_delta
 

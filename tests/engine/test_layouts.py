@@ -17,9 +17,9 @@ import re
 
 import pytest
 
-from dspark_dynamic.testing import layouts, soak
-from dspark_dynamic.testing.engine_run import run_in_subprocess
-from dspark_dynamic.testing.serve import TinyServer, per_rank_cores
+from dspark_lab import layouts, soak
+from dspark_lab.engine_run import run_in_subprocess
+from dspark_lab.serve import TinyServer, per_rank_cores
 
 CONTROLLER_ON = "dspark_dynamic: depth controller on"
 

@@ -2,21 +2,21 @@
 engine: output is the script (lossless), and every draft is the designed table's, so vLLM's
 counters equal what the tables predict; with the controller, reasoning drafts only what it
 verifies (the DFlash block shrinks to one mask).  Step times are a benchmark's job
-(``python -m dspark_dynamic.testing.parallel_drafter --bench``)."""
+(``python -m dspark_lab.parallel_drafter --bench``)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from dspark_dynamic.testing.parallel_drafter import (
+from dspark_lab.parallel_drafter import (
     DraftDesign,
     build_dflash_drafter,
     expected_counts,
     offline_report,
     speculative_config,
 )
-from dspark_dynamic.testing.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
+from dspark_lab.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
 
 DESIGN = DraftDesign()
 FULL, ANSWER = SCRIPT.expected_output(thinking=True), SCRIPT.expected_output(thinking=False)

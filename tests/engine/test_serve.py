@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dspark_dynamic.testing.serve import free_port
-from dspark_dynamic.testing.engine_run import engine_env
-from dspark_dynamic.testing.scenarios import SCRIPT
+from dspark_lab.serve import free_port
+from dspark_lab.engine_run import engine_env
+from dspark_lab.scenarios import SCRIPT
 from dspark_dynamic.tools import bench_client
 
 REPETITIONS = 2

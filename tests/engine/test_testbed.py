@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, build_moe_target, build_testbed_draft, prompt_ids
+from dspark_lab.testbed import TESTBED_SCRIPT, build_moe_target, build_testbed_draft, prompt_ids
 
 EXPECTED = TESTBED_SCRIPT.expected_output(thinking=True)
 
@@ -57,7 +57,7 @@ def test_the_drafter_drafts_only_what_will_be_verified(engine, testbed, tmp_path
 
 
 def test_wallclock_harness_smoke():
-    from dspark_dynamic.testing.wallclock import format_report, run_wallclock
+    from dspark_lab.wallclock import format_report, run_wallclock
 
     logged: list[str] = []
     # two epochs of one round each: fresh engines, the start order rotated (two settings: reversed) the second time

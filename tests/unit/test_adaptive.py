@@ -9,7 +9,7 @@ from dspark_dynamic.core.acceptance import expected_tokens
 from dspark_dynamic.core.adaptive import DRAW_EVERY, AdaptivePolicy
 from dspark_dynamic.core.costs import WARMUP, Shape
 from dspark_dynamic.core.phase import Phase
-from dspark_dynamic.core.simulate import (
+from dspark_lab.simulate import (
     CostModel,
     NoisyMachine,
     calibrated_oracle,
@@ -23,7 +23,7 @@ from dspark_dynamic.core.simulate import (
     replay_confident,
     replay_learning,
 )
-from dspark_dynamic.core.workloads import (
+from dspark_lab.workloads import (
     ConfidenceModel,
     bimodal_trace,
     draft_features,

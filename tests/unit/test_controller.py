@@ -1,7 +1,7 @@
 from dspark_dynamic.core.controller import DepthController
 from dspark_dynamic.core.phase import Phase, PhaseRules
 from dspark_dynamic.core.policy import BatchDepth, PhasePolicy
-from dspark_dynamic.testing.fakes import FakeRequest
+from dspark_lab.fakes import FakeRequest
 
 S, E = 5, 6
 RULES = PhaseRules.of([S], [E])

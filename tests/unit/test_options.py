@@ -80,13 +80,10 @@ def test_split_alias():
         split_alias({**spec, "base_method": "dspark_dynamic"})
 
 
-def test_knobs_of_the_earlier_adaptive_policy_are_accepted_with_a_deprecation_warning(caplog):
-    with caplog.at_level("WARNING", logger="vllm.dspark_dynamic"):
-        opts = parse_options({"policy": "adaptive", "adaptive": {"explore": 0.1, "hysteresis": 0.0}}, 2)
-    assert opts.adaptive == parse_options({"policy": "adaptive"}, 2).adaptive
-    warned = [r.getMessage() for r in caplog.records]
-    assert any("'adaptive.explore' is deprecated" in m for m in warned)
-    assert any("'adaptive.hysteresis' is deprecated" in m for m in warned)
+@pytest.mark.parametrize("knob", ["explore", "hysteresis"])
+def test_unknown_adaptive_knobs_are_refused_by_name(knob):
+    with pytest.raises(DynamicDepthConfigError, match=f"adaptive.{knob}"):
+        parse_options({"policy": "adaptive", "adaptive": {knob: 0.1}}, 2)
 
 
 @pytest.mark.parametrize("policy", ["vllm-av", "freetoken", "break-even", "p-min"])

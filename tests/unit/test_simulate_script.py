@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-from dspark_dynamic.core.simulate import fresh_engine_drafting
+from dspark_lab.simulate import fresh_engine_drafting
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "simulate.py"
 

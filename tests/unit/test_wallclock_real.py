@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_dynamic.testing.wallclock import COPY
-from dspark_dynamic.testing.wallclock_real import GROUPS, GroupResult, engine_spec
+from dspark_lab.wallclock import COPY
+from dspark_lab.wallclock_real import GROUPS, GroupResult, engine_spec
 
 DRAFTS = {"skip": "/models/skip", "early": "/models/early"}
 

@@ -93,22 +93,24 @@ def test_trace_path_in_a_missing_directory_fails_with_one_line(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "method, options, async_scheduling, expected",
+    "method, options, async_scheduling, v2, expected",
     [
-        ("draft_model", {"policy": "adaptive"}, False, "on (draft_model"),
-        ("eagle3", {"policy": "adaptive"}, False, "on (eagle3"),
-        ("draft_model", {"policy": "adaptive"}, True, "none (async scheduling"),
-        ("ngram", {"policy": "adaptive"}, False, "none (ngram drafts carry no distribution)"),
-        ("dspark", {"policy": "adaptive"}, False, "on (dspark, Model Runner V2"),
-        ("dspark", {"policy": "adaptive"}, True, "none (async scheduling"),
-        ("draft_model", {"policy": "adaptive", "adaptive": {"confidence": False}}, False, "off (adaptive.confidence"),
-        ("draft_model", {}, False, ""),  # the phase policy never gates on confidences
+        ("draft_model", {"policy": "adaptive"}, False, False, "on (draft_model"),
+        ("eagle3", {"policy": "adaptive"}, False, False, "on (eagle3"),
+        ("eagle3", {"policy": "adaptive"}, False, True, "none (Model Runner V2 hands the plugin confidences of dspark"),
+        ("dflash", {"policy": "adaptive"}, False, True, "none (Model Runner V2 hands the plugin confidences of dspark"),
+        ("draft_model", {"policy": "adaptive"}, True, False, "none (async scheduling"),
+        ("ngram", {"policy": "adaptive"}, False, False, "none (ngram drafts carry no distribution)"),
+        ("dspark", {"policy": "adaptive"}, False, True, "on (dspark, Model Runner V2"),
+        ("dspark", {"policy": "adaptive"}, True, True, "none (async scheduling"),
+        ("draft_model", {"policy": "adaptive", "adaptive": {"confidence": False}}, False, False, "off (adaptive.confidence"),
+        ("draft_model", {}, False, False, ""),  # the phase policy never gates on confidences
     ],
 )
-def test_the_start_up_line_says_whether_confidences_reach_the_policy(method, options, async_scheduling, expected):
+def test_the_start_up_line_says_whether_confidences_reach_the_policy(method, options, async_scheduling, v2, expected):
     from dspark_dynamic.adapter.build import confidence_status
 
-    cfg = SimpleNamespace(speculative_config=SimpleNamespace(method=method),
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(method=method), use_v2_model_runner=v2,
                           scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
     status = confidence_status(parse_options(options, 2), cfg)
     assert status.startswith(expected) if expected else status == ""

@@ -8,7 +8,7 @@ from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
 from dspark_dynamic.core.options import DynamicDepthConfigError  # noqa: E402
 from dspark_dynamic.adapter.patches.config_alias import rewrite_alias  # noqa: E402
-from dspark_dynamic.testing.tiny_models import build_target  # noqa: E402
+from dspark_lab.tiny_models import build_target  # noqa: E402
 
 
 @pytest.fixture(scope="module")

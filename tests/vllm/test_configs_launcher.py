@@ -1,4 +1,4 @@
-"""The shipped launch configs parse with vLLM's own parser; the launcher checks and prints."""
+"""The shipped presets parse with vLLM's own parser; the launcher checks, lists, copies and prints."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ pytest.importorskip("vllm")
 
 from dspark_dynamic.core.options import parse_options  # noqa: E402
 from dspark_dynamic.adapter.patches.config_alias import rewrite_alias  # noqa: E402
+from dspark_dynamic.tools import data  # noqa: E402
 from dspark_dynamic.tools.launch import LaunchError, read_env_file  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+PRESETS = data.presets()
+SEED = PRESETS["deepseek-v4-flash-lvllm"]
 
 
 def serve_parser():
@@ -29,13 +30,21 @@ def serve_parser():
     return make_arg_parser(FlexibleArgumentParser())
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_config_loads_with_vllms_parser_and_means_dspark_plus_controller(config):
-    args = serve_parser().parse_args(["--config", str(config)])
+def test_the_presets_are_the_shipped_yaml_files():
+    assert set(PRESETS) == {"deepseek-v4-flash-lvllm", "deepseek-v4-flash-vllm033"}
+    assert all(p.summary.startswith("DeepSeek-V4-Flash") for p in PRESETS.values())
+    with pytest.raises(KeyError, match="known: deepseek-v4-flash-lvllm"):
+        data.preset("nope")
+
+
+@pytest.mark.parametrize("preset", PRESETS.values(), ids=lambda p: p.name)
+def test_config_loads_with_vllms_parser_and_means_dspark_plus_controller(preset):
+    args = serve_parser().parse_args(["--config", str(preset.config)])
     assert args.reasoning_parser == "deepseek_v4"
     assert args.kv_cache_dtype == "fp8_ds_mla"
     assert args.max_num_seqs == 2
     assert args.compilation_config.cudagraph_mode.name == "FULL_DECODE_ONLY"
+    assert args.async_scheduling is False  # stated in the YAML: the plugin's features need sync
     # the alias rewrite as it runs on EngineArgs (the model path does not exist here)
     engine_args = SimpleNamespace(speculative_config=args.speculative_config,
                                   additional_config=args.additional_config, spec_method=args.spec_method)
@@ -47,7 +56,7 @@ def test_config_loads_with_vllms_parser_and_means_dspark_plus_controller(config)
 
 
 def test_lvllm_env_file():
-    env = read_env_file(str(ROOT / "configs" / "deepseek-v4-flash-lvllm.env"))
+    env = read_env_file(str(SEED.env))
     assert env["LVLLM_MOE_NUMA_ENABLED"] == "1"
     assert env["LVLLM_GPU_RESIDENT_MOE_LAYERS"] == "0,1"
     assert "LK_THREADS" in env
@@ -69,21 +78,41 @@ def launch(*args, env_extra=None):
                           capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_dry_run_prints_the_final_command():
-    proc = launch("--config", "configs/deepseek-v4-flash-lvllm.yaml", "--env", "configs/deepseek-v4-flash-lvllm.env",
-                  "--dry-run", "--", "--port", "8011")
+def test_dry_run_of_the_seed_preset_prints_the_final_command():
+    proc = launch("--preset", "deepseek-v4-flash-lvllm", "--dry-run", "--", "--port", "8011")
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     assert "plugin dspark_dynamic installed and loaded" in lines[0]
-    assert "export LVLLM_GPU_RESIDENT_MOE_LAYERS=0,1" in lines
-    assert lines[-1].endswith("serve --config configs/deepseek-v4-flash-lvllm.yaml --port 8011")
+    assert "export LVLLM_GPU_RESIDENT_MOE_LAYERS=0,1" in lines  # the preset's own env file
+    assert lines[-1].endswith(f"serve --config {SEED.config} --port 8011")
+
+
+def test_a_copied_preset_launches_from_its_copy(tmp_path):
+    proc = launch("--copy-preset", "deepseek-v4-flash-lvllm", str(tmp_path / "box"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    config, env = (tmp_path / "box" / "deepseek-v4-flash-lvllm.yaml"), (tmp_path / "box" / "deepseek-v4-flash-lvllm.env")
+    assert proc.stdout.split() == [str(config), str(env)]
+    config.write_text(config.read_text().replace("/models/DeepSeek-V4-Flash-0731", "/srv/v4"))
+    proc = launch("--config", str(config), "--env", str(env), "--dry-run")
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1].endswith(f"serve --config {config}")
+    again = launch("--copy-preset", "deepseek-v4-flash-lvllm", str(tmp_path / "box"))
+    assert again.returncode == 2 and "would overwrite" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_list_presets_and_copy_dashboard(tmp_path):
+    listed = launch("--list-presets")
+    assert listed.returncode == 0
+    assert [line.split(":")[0] for line in listed.stdout.splitlines()] == sorted(PRESETS)
+    copied = launch("--copy-dashboard", str(tmp_path))
+    assert copied.returncode == 0 and (tmp_path / "dspark_dynamic.json").read_bytes() == data.dashboard().read_bytes()
 
 
 @pytest.mark.parametrize(
     "args, env, message",
     [
-        (["--config", "configs/nope.yaml"], None, "config file not found"),
-        (["--config", "configs/deepseek-v4-flash-vllm033.yaml"], {"VLLM_PLUGINS": "other"}, "excludes dspark_dynamic"),
+        (["--config", "nope.yaml"], None, "config file not found"),
+        (["--preset", "nope"], None, "no preset 'nope'; known: deepseek-v4-flash-lvllm"),
+        (["--preset", "deepseek-v4-flash-vllm033"], {"VLLM_PLUGINS": "other"}, "excludes dspark_dynamic"),
     ],
 )
 def test_launcher_refuses_clearly(args, env, message):

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dspark_dynamic.testing import part_timers  # noqa: E402
+from dspark_lab import part_timers  # noqa: E402
 
 
 def test_every_part_of_a_step_is_found_in_the_installed_vllm():

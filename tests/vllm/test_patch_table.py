@@ -47,6 +47,17 @@ def test_check_runs_on_every_line_it_has_a_column_for():
     assert installed_column() in {f.name for f in dataclasses.fields(Where)}
 
 
+def test_the_fork_reads_its_own_column_whatever_its_version(monkeypatch):
+    import vllm
+    import vllm.envs
+
+    # the fork numbers its releases its own way (2.3.x) and declares its LVLLM_* knobs
+    monkeypatch.setattr(vllm, "__version__", "2.3.12.dev1+gb7f99cdc1")
+    assert installed_column() is None
+    monkeypatch.setitem(vllm.envs.environment_variables, "LVLLM_MOE_NUMA_ENABLED", lambda: "1")
+    assert installed_column() == "fork"
+
+
 def _one_patch(monkeypatch, attribute, cell):
     where = Where(**{f.name: cell for f in dataclasses.fields(Where)})
     patch = Patch("probe", "json", attribute, lambda original: original, where=where)

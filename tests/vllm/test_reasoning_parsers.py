@@ -1,6 +1,6 @@
 """Phase detection for every reasoning parser the installed vLLM registers.
 
-Each parser runs on its case (``dspark_dynamic.testing.parser_cases``): the real tokenizer where a
+Each parser runs on its case (``dspark_lab.parser_cases``): the real tokenizer where a
 package ships one offline, else a synthetic vocabulary carrying the parser's markers.  The output
 is fed in random step sizes, so multi-token markers are split across steps.
 """
@@ -17,7 +17,7 @@ from dspark_dynamic.adapter.markers import resolve_markers  # noqa: E402
 from dspark_dynamic.adapter.reasoning_parsers import build_parser  # noqa: E402
 from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options  # noqa: E402
 from dspark_dynamic.core.phase import Phase  # noqa: E402
-from dspark_dynamic.testing.parser_cases import (  # noqa: E402
+from dspark_lab.parser_cases import (  # noqa: E402
     CASES,
     REFUSED,
     SyntheticTokenizer,
@@ -201,7 +201,7 @@ def test_the_docs_show_the_printed_table():
 
     import vllm
 
-    from dspark_dynamic.testing.parser_cases import table
+    from dspark_lab.parser_cases import table
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "reasoning-parsers.md").read_text()
     begin, end = "<!-- parser table: generated -->\n", "<!-- parser table: end -->\n"
@@ -213,7 +213,7 @@ def test_the_docs_show_the_printed_table():
         f"docs/reasoning-parsers.md: the parser count for vLLM {line} is {len(REGISTERED)}"
     if line == "0.32":
         assert shown == table(), \
-            "docs/reasoning-parsers.md's table is out of date: python -m dspark_dynamic.testing.parser_cases --table"
+            "docs/reasoning-parsers.md's table is out of date: python -m dspark_lab.parser_cases --table"
     unlisted = [name for name in REGISTERED if f"| `{name}` |" not in shown and f"`{name}`" not in section]
     assert not unlisted, f"docs/reasoning-parsers.md names neither a row nor a line for {unlisted} (vLLM {line})"
 

@@ -188,6 +188,8 @@ def confidence_status(options: DynamicDepthOptions, vllm_config: Any) -> str:
     if getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False):
         return ("none (async scheduling never hands draft ids to the scheduler; --no-async-scheduling "
                 "lets them through); acceptance estimates only")
+    if method != "dspark" and getattr(vllm_config, "use_v2_model_runner", False):
+        return f"none (Model Runner V2 hands the plugin confidences of dspark drafts only, not {method}); acceptance estimates only"
     if method == "dspark":
         return ("on (dspark, Model Runner V2: the checkpoint's confidence head when its weights are there, "
                 "else log-odds of the maximum draft probability, computed inside the captured draft step)")

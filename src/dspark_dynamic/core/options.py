@@ -8,7 +8,6 @@ what is allowed.  ``to_dict()`` of a parsed object parses back to an equal objec
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -16,16 +15,12 @@ from typing import Any
 
 from dspark_dynamic.core.policy import BatchDepth
 
-logger = logging.getLogger("vllm.dspark_dynamic")
-
 CONFIG_KEY = "dspark_dynamic"
 ALIAS_METHOD = "dspark_dynamic"
 # the peers' rules (core/peers.py), for side-by-side comparisons
 PEER_POLICIES = ("vllm-av", "freetoken", "break-even", "p-min")
 PEERS_READING_CONFIDENCES = ("vllm-av", "freetoken", "p-min")
 POLICIES = ("phase", "adaptive") + PEER_POLICIES
-# adaptive knobs of an earlier policy: exploration now comes from the posteriors' uncertainty
-DEPRECATED_ADAPTIVE = ("explore", "hysteresis")
 BATCH_DEPTHS = ("auto",) + tuple(m.value for m in BatchDepth)
 PHASES = ("reasoning", "answer")
 PARALLEL_DRAFTERS = ("dspark", "dflash")  # one pass drafts every position
@@ -173,13 +168,9 @@ def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
     if not isinstance(value, Mapping):
         raise _fail("adaptive", value, "a dict of adaptive-policy options")
     known = {f.name for f in fields(AdaptiveOptions)}
-    unknown = sorted(set(value) - known - set(DEPRECATED_ADAPTIVE))
+    unknown = sorted(set(value) - known)
     if unknown:
         raise _fail(f"adaptive.{unknown[0]}", value[unknown[0]], f"one of {sorted(known)}")
-    for key in DEPRECATED_ADAPTIVE:
-        if key in value:
-            logger.warning("dspark_dynamic: option 'adaptive.%s' is deprecated and ignored: the adaptive policy "
-                           "explores as far as its cost and acceptance posteriors are uncertain", key)
     d = AdaptiveOptions()
     learn = value.get("learn_cost", d.learn_cost)
     if not isinstance(learn, bool):

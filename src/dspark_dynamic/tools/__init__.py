@@ -1,1 +1,1 @@
-"""Tools for users: the phase-split benchmark client and the launcher."""
+"""Tools for users: the launcher and its presets, the doctor, the benchmark client, plots."""

@@ -1,11 +1,16 @@
-"""Launch ``vllm serve`` from a vLLM ``--config`` YAML plus an env file, after checking the plugin.
+"""Launch ``vllm serve`` from a preset or a vLLM ``--config`` YAML plus an env file, after
+checking the plugin.
 
-    dspark-dynamic-launch --config configs/deepseek-v4-flash-lvllm.yaml \
-        --env configs/deepseek-v4-flash-lvllm.env [--dry-run] [-- extra vllm serve args]
+    dspark-dynamic-launch --preset deepseek-v4-flash-lvllm [--dry-run] [-- extra vllm serve args]
+    dspark-dynamic-launch --config my.yaml [--env my.env] [--dry-run] [-- extra vllm serve args]
+    dspark-dynamic-launch --list-presets
+    dspark-dynamic-launch --copy-preset deepseek-v4-flash-lvllm DIR   # to edit model:, threads, ...
+    dspark-dynamic-launch --copy-dashboard DIR                         # the Grafana dashboard JSON
 
-Refuses to start (exit 2, one line) when vLLM is missing, the plugin's entry point is not
-installed in this environment, ``VLLM_PLUGINS`` (after the env file) excludes it, or vLLM's plugin
-loader does not load it.  ``--dry-run`` prints the environment additions and the final command.
+A preset is a config YAML the package ships, with its env file (``--env`` replaces it).  Refuses
+to start (exit 2, one line) when vLLM is missing, the plugin's entry point is not installed in
+this environment, ``VLLM_PLUGINS`` (after the env file) excludes it, or vLLM's plugin loader does
+not load it.  ``--dry-run`` prints the environment additions and the final command.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+
+from dspark_dynamic.tools import data
 
 PLUGIN_NAME = "dspark_dynamic"
 
@@ -88,21 +95,47 @@ def build_command(config: str, extra: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dspark-dynamic-launch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="vLLM --config YAML")
-    ap.add_argument("--env", help="KEY=VALUE file to add to the environment")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--preset", help="a shipped preset (--list-presets shows them)")
+    what.add_argument("--config", help="vLLM --config YAML")
+    what.add_argument("--list-presets", action="store_true", help="list the shipped presets and exit")
+    what.add_argument("--copy-preset", nargs=2, metavar=("NAME", "DIR"), help="copy a preset's files into DIR")
+    what.add_argument("--copy-dashboard", metavar="DIR", help="copy the Grafana dashboard JSON into DIR")
+    ap.add_argument("--env", help="KEY=VALUE file to add to the environment (replaces a preset's own)")
     ap.add_argument("--dry-run", action="store_true", help="print what would run, do not start")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more vllm serve arguments")
     args = ap.parse_args(argv)
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     try:
-        if not os.path.isfile(args.config):
-            raise LaunchError(f"config file not found: {args.config}")
-        env_add = read_env_file(args.env) if args.env else {}
+        if args.list_presets:
+            for preset in data.presets().values():
+                print(f"{preset.name}: {preset.summary}")
+            return 0
+        if args.copy_preset or args.copy_dashboard:
+            if args.copy_preset:
+                preset = data.preset(args.copy_preset[0])
+                paths, folder = [p for p in (preset.config, preset.env) if p is not None], args.copy_preset[1]
+            else:
+                paths, folder = [data.dashboard()], args.copy_dashboard
+            for copy in data.copy_out(paths, folder):
+                print(copy)
+            return 0
+        env_file = args.env
+        if args.preset:
+            preset = data.preset(args.preset)
+            config = str(preset.config)
+            env_file = env_file or (str(preset.env) if preset.env else None)
+        else:
+            config = args.config
+        if not os.path.isfile(config):
+            raise LaunchError(f"config file not found: {config}")
+        env_add = read_env_file(env_file) if env_file else {}
         version = check_plugin(env_add)
-    except LaunchError as exc:
-        print(f"dspark-dynamic-launch: refusing to start: {exc}", file=sys.stderr)
+    except (LaunchError, KeyError, OSError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) else exc
+        print(f"dspark-dynamic-launch: refusing to start: {message}", file=sys.stderr)
         return 2
-    cmd = build_command(args.config, extra)
+    cmd = build_command(config, extra)
     if args.dry_run:
         print(f"# vLLM {version}; plugin {PLUGIN_NAME} installed and loaded")
         for key, value in env_add.items():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from dspark_dynamic.adapter.patching import FORK_COMMIT, Patch, Where, vllm_version
+from dspark_dynamic.adapter.patching import FORK_COMMIT, Patch, Where, installed_is_fork, vllm_version
 from dspark_dynamic.adapter.plugin import all_patches
 
 COLUMNS = ("patch", "target", "process", "why", f"fork {FORK_COMMIT}", "vllm 0.32.0", "vllm 0.33.0",
@@ -29,7 +29,10 @@ def problems() -> dict[str, str | None]:
 
 
 def installed_column() -> str | None:
-    """The ``Where`` field of the installed vLLM line (``v032``, ``v033``, ``v034``), or None."""
+    """The ``Where`` field of the installed vLLM line (``fork``, ``v032``, ``v033``, ``v034``), or
+    None.  The fork is told by ``patching.is_fork``, not by its version (its own numbering)."""
+    if installed_is_fork():
+        return "fork"
     try:
         import vllm
 

@@ -32,7 +32,7 @@ from dspark_dynamic.core.acceptance import expected_tokens
 from dspark_dynamic.core.adaptive import AdaptivePolicy
 from dspark_dynamic.core.phase import Phase
 from dspark_dynamic.core.policy import PhasePolicy
-from dspark_dynamic.core.workloads import ConfidenceModel, Features, Position, Trace
+from dspark_lab.workloads import ConfidenceModel, Features, Position, Trace
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Run one real vLLM engine (in this process) on the tiny models and report as JSON.
 
-    python -m dspark_dynamic.testing.engine_run SPEC.json OUT.json
+    python -m dspark_lab.engine_run SPEC.json OUT.json
 
 SPEC: {"model": path, "speculative_config": {...} | null, "additional_config": {...} | null,
        "batches": [[{"prompt_ids": [...], "max_tokens": N, ...sampling params}, ...], ...],
@@ -9,7 +9,7 @@ SPEC: {"model": path, "speculative_config": {...} | null, "additional_config": {
        "record_drafts": true (optional: every proposal, the idle-skip counters and the rejection
        sampler's steps by deepest draft, tests only),
        "faults": [null | {"at": point, "after": N}, ...] (optional, one per batch: fault
-       injection, tests only; see dspark_dynamic.testing.faults)}
+       injection, tests only; see dspark_lab.faults)}
 Each batch is one ``LLM.generate`` call; vLLM's spec-decode counters and the controller's
 per-phase totals are reported after every batch (cumulative), so callers can take differences.
 Tests run it in a subprocess: every engine gets a fresh process.
@@ -79,16 +79,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         kwargs["additional_config"] = spec["additional_config"]
     kwargs.update(spec.get("engine", {}))
     if spec.get("verifier"):  # tests: a reference verifier instead of vLLM's (see reference_sampler)
-        from dspark_dynamic.testing import reference_sampler
+        from dspark_lab import reference_sampler
 
         reference_sampler.install(spec["verifier"], int(spec.get("verifier_seed", 0)))
     faults = None
-    if spec.get("faults"):  # tests: fault injection (see dspark_dynamic.testing.faults)
-        from dspark_dynamic.testing import faults
+    if spec.get("faults"):  # tests: fault injection (see dspark_lab.faults)
+        from dspark_lab import faults
 
         faults.install(spec["faults"])
     if spec.get("record_drafts"):  # tests: every proposal the drafter returns
-        from dspark_dynamic.testing import draft_recorder
+        from dspark_lab import draft_recorder
 
         draft_recorder.install()
     llm = LLM(**kwargs)
@@ -230,7 +230,7 @@ def run_in_subprocess(spec: dict[str, Any], workdir: Path, timeout: float = 600)
     spec_path.write_text(json.dumps(spec))
     with open(log_path, "w") as log:
         proc = subprocess.run(
-            [sys.executable, "-m", "dspark_dynamic.testing.engine_run", str(spec_path), str(out_path)],
+            [sys.executable, "-m", "dspark_lab.engine_run", str(spec_path), str(out_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **engine_env()},

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dspark_dynamic.testing.tiny_models import SPECIALS, VOCAB_SIZE, _write_model, build_cached
+from dspark_lab.tiny_models import SPECIALS, VOCAB_SIZE, _write_model, build_cached
 
 HARMONY_TOKENS = ("<|start|>", "<|end|>", "<|channel|>", "<|message|>", "<|return|>")
 HARMONY_WORDS = ("user", "assistant", "analysis", "final", "commentary")

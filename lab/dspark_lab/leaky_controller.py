@@ -6,10 +6,10 @@ nothing, so ``dspark_dynamic:tracked_requests`` never returns to 0.  ``vllm serv
 ``--reasoning-parser-plugin`` module in its engine core too (the structured-output manager does),
 so this loads it where the controller lives::
 
-    vllm serve ... --reasoning-parser-plugin dspark_dynamic.testing.leaky_controller
+    vllm serve ... --reasoning-parser-plugin dspark_lab.leaky_controller
 
 It registers no parser; the ``--reasoning-parser`` in use is unchanged.  The soak's leak check
-(``testing.soak.failed_checks``) must fail on such a server.
+(``dspark_lab.soak.failed_checks``) must fail on such a server.
 """
 
 from __future__ import annotations

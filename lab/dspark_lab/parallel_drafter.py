@@ -44,7 +44,7 @@ when vLLM or the controller asks for one (num_speculative_tokens 1, or the plugi
 
 Targets: the tiny Llama (``tiny_models.build_target``) and ``build_qwen3_moe_target``, the MoE
 testbed's cost shape as a Qwen3-MoE (the testbed's Mixtral has no aux hidden states, which
-DFlash needs).  ``python -m dspark_dynamic.testing.parallel_drafter [--bench]`` prints the
+DFlash needs).  ``python -m dspark_lab.parallel_drafter [--bench]`` prints the
 offline figures (and engine step / drafter times).
 
 Drafter directories go to the tiny models' cache (``DSPARK_DYNAMIC_MODEL_CACHE`` or
@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark_dynamic.testing.tiny_models import (
+from dspark_lab.tiny_models import (
     HEAD_DIM,
     HIDDEN,
     THINK_END,
@@ -282,7 +282,7 @@ def _write_qwen3_moe(out: Path, script: Script, shape: Any) -> None:
     """The MoE testbed's target as a Qwen3-MoE: same script, zero-output experts and o_proj."""
     import torch
 
-    from dspark_dynamic.testing.tiny_models import base_config, chain_tensors, silent_attention
+    from dspark_lab.tiny_models import base_config, chain_tensors, silent_attention
 
     tensors, g = chain_tensors(script.successor(), seed=0)
     for layer in range(shape.layers):
@@ -315,7 +315,7 @@ def _write_qwen3_moe(out: Path, script: Script, shape: Any) -> None:
 def build_qwen3_moe_target(script: Script | None = None, shape: Any = None) -> Path:
     """The testbed's cost shape (every verified token reads its experts) with aux hidden states,
     so DFlash can run on it; greedy output is the script's chain."""
-    from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, MoEShape
+    from dspark_lab.testbed import TESTBED_SCRIPT, MoEShape
 
     script = script or TESTBED_SCRIPT
     shape = shape or MoEShape()
@@ -585,7 +585,7 @@ def measure_step_times(settings: dict[str, dict[str, Any] | None], model: Path, 
     import sys
     import tempfile
 
-    from dspark_dynamic.testing.engine_run import engine_env
+    from dspark_lab.engine_run import engine_env
 
     def q(values: list[float]) -> dict[str, float]:
         if len(values) < 2:
@@ -600,7 +600,7 @@ def measure_step_times(settings: dict[str, dict[str, Any] | None], model: Path, 
             spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
             spec_path.write_text(json.dumps({"model": str(model), "speculative_config": cfg, "requests": requests,
                                              "prompt_ids": prompt_ids(script, thinking=True)}))
-            proc = subprocess.run([sys.executable, "-m", "dspark_dynamic.testing.parallel_drafter", "--child",
+            proc = subprocess.run([sys.executable, "-m", "dspark_lab.parallel_drafter", "--child",
                                    str(spec_path), str(out_path)], env={**os.environ, **engine_env()},
                                   capture_output=True, text=True, timeout=900)
             if proc.returncode:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dspark_dynamic.testing.tiny_models import (
+from dspark_lab.tiny_models import (
     HIDDEN,
     DraftConfidence,
     Script,

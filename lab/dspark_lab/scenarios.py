@@ -5,7 +5,7 @@ Every run uses the same batches in the same order, so reports line up batch by b
 
 from __future__ import annotations
 
-from dspark_dynamic.testing.tiny_models import Script, prompt_ids
+from dspark_lab.tiny_models import Script, prompt_ids
 
 SCRIPT = Script()
 THINKING_PROMPT = prompt_ids(SCRIPT, thinking=True)

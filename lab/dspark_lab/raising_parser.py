@@ -3,7 +3,7 @@
 Load it as any plugin parser::
 
     --reasoning-parser dspark_test_raising \\
-    --reasoning-parser-plugin dspark_dynamic.testing.raising_parser
+    --reasoning-parser-plugin dspark_lab.raising_parser
 
 It is ``api_only_parser``'s parser (no markers named: the plugin follows the phase through the
 parser's API), except that from its ``N+1``-th ``is_reasoning_end_streaming`` call in a process
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 
 from vllm.reasoning import ReasoningParserManager
 
-from dspark_dynamic.testing.api_only_parser import ApiOnlyReasoningParser
+from dspark_lab.api_only_parser import ApiOnlyReasoningParser
 
 NAME = "dspark_test_raising"
 RAISE_AFTER_ENV = "DSPARK_DYNAMIC_TEST_PARSER_RAISE_AFTER"

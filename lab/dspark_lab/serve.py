@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dspark_dynamic.testing.engine_run import engine_env
+from dspark_lab.engine_run import engine_env
 
 DEPTHS = {"reasoning_depth": 1, "answer_depth": 2}
 

@@ -3,7 +3,7 @@
 Load it as vLLM loads any plugin parser::
 
     --reasoning-parser dspark_test_api_only \\
-    --reasoning-parser-plugin dspark_dynamic.testing.api_only_parser
+    --reasoning-parser-plugin dspark_lab.api_only_parser
 
 It exposes no ``reasoning_start_str``/``reasoning_end_str`` and no ``start_token_id``/
 ``end_token_id``, so the plugin can only follow it through ``is_reasoning_end`` (the prompt) and

@@ -20,7 +20,7 @@ step at depth 0/1/2 costs about 8 / 13 / 18 ms; ``narrow-wide``: the same reads 
 128 experts, 805 MB of weights, more than this VM's 300 MB last-level cache holds).
 ``drafter``: ``draft_model`` (the sequential tiny Llama phase draft on the Mixtral testbed: one
 drafter forward per drafted position) or
-``dflash`` (the hand-set parallel drafter, ``testing.parallel_drafter``, on the same cost shape
+``dflash`` (the hand-set parallel drafter, ``dspark_lab.parallel_drafter``, on the same cost shape
 as a Qwen3-MoE, which has the aux hidden states DFlash reads: one forward drafts every
 position, DSpark's cost shape); every setting, k = 0 included, runs on that drafter's target.
 
@@ -42,10 +42,10 @@ from typing import Any
 
 from dspark_dynamic.core.options import PEER_POLICIES
 from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
-from dspark_dynamic.core.simulate import CostModel, modeled_tok_per_s
-from dspark_dynamic.testing.engine_pool import BALLAST, SMALL_KV_CACHE, EnginePool
-from dspark_dynamic.testing.progress import ratios_so_far, track
-from dspark_dynamic.testing.testbed import TESTBED_SCRIPT, MoEShape, build_moe_target, build_testbed_draft, prompt_ids
+from dspark_lab.simulate import CostModel, modeled_tok_per_s
+from dspark_lab.engine_pool import BALLAST, SMALL_KV_CACHE, EnginePool
+from dspark_lab.progress import ratios_so_far, track
+from dspark_lab.testbed import TESTBED_SCRIPT, MoEShape, build_moe_target, build_testbed_draft, prompt_ids
 
 PHASES = ("reasoning", "answer")
 DEFAULT_SETTINGS = ("fixed k=0", "fixed k=1", "fixed k=2", "phase 1/2", "adaptive", "adaptive (no confidence)")
@@ -102,8 +102,8 @@ DRAFTERS = ("draft_model", "dflash")
 def testbed_models(shape: MoEShape, drafter: str) -> tuple[str, dict[str, Any]]:
     """(target path, speculative_config for N drafts without num_speculative_tokens)."""
     if drafter == "dflash":
-        from dspark_dynamic.testing.parallel_drafter import DraftDesign, build_dflash_drafter, build_qwen3_moe_target
-        from dspark_dynamic.testing.testbed import ANSWER_HIT, DRAFT_SEED, REASONING_HIT
+        from dspark_lab.parallel_drafter import DraftDesign, build_dflash_drafter, build_qwen3_moe_target
+        from dspark_lab.testbed import ANSWER_HIT, DRAFT_SEED, REASONING_HIT
 
         design = DraftDesign(reasoning_hit=REASONING_HIT, answer_hit=ANSWER_HIT, seed=DRAFT_SEED)
         draft = build_dflash_drafter(TESTBED_SCRIPT, design)

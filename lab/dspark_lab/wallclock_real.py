@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
-from dspark_dynamic.testing import real_checkpoint as rc
-from dspark_dynamic.testing.engine_pool import BALLAST, EnginePool
-from dspark_dynamic.testing.wallclock import COPY
+from dspark_lab import real_checkpoint as rc
+from dspark_lab.engine_pool import BALLAST, EnginePool
+from dspark_lab.wallclock import COPY
 
 NGRAM = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 2}
 GROUPS: dict[str, tuple[str, ...]] = {

@@ -6,7 +6,7 @@ text.  Tokenizers: the real one where a package ships it offline (``deepseek-tok
 DeepSeek-V4, the harmony encoding for gpt-oss), else :class:`SyntheticTokenizer` carrying the
 parser's marker strings.
 
-    python -m dspark_dynamic.testing.parser_cases --table   # docs/reasoning-parsers.md's parser table
+    python -m dspark_lab.parser_cases --table   # docs/reasoning-parsers.md's parser table
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ def _describe(markers: Any, tokenizer: Any) -> str:
     return f"{how}: " + "; ".join(p for p in parts if p)
 
 
-TEST_PARSER_PREFIX = "dspark_test_"  # plugin parsers this project's tests register (testing/*_parser.py)
+TEST_PARSER_PREFIX = "dspark_test_"  # plugin parsers this project's tests register (lab/dspark_lab/*_parser.py)
 
 
 def vllm_parsers() -> list[str]:

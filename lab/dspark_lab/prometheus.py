@@ -1,9 +1,9 @@
 """A real Prometheus scraping a server's ``/metrics``, and the Grafana dashboard's queries on it.
 
-``Prometheus`` runs the ``prometheus`` binary (Debian's package; ``scripts/setup_env.sh``
+``Prometheus`` runs the ``prometheus`` binary (Debian's package; ``scripts/install_prometheus.sh``
 installs it) as a child process on 127.0.0.1: a config of its own with one scrape job, its
 TSDB in a temporary directory, a free port; never a system service.  ``panel_queries`` reads
-every panel's PromQL from ``docs/grafana/dspark_dynamic.json`` with Grafana's variables bound
+every panel's PromQL from ``src/dspark_dynamic/data/grafana/dspark_dynamic.json`` with Grafana's variables bound
 (``$engine``: every engine, ``$__rate_interval``: a window given), so a test can evaluate
 exactly what the dashboard shows.  ``draw`` plots the main panels over a time range
 (``scripts/dashboard_snapshot.py`` makes ``docs/dashboard.png`` with it).
@@ -22,9 +22,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dspark_dynamic.testing.serve import free_port
+from dspark_dynamic.tools.data import dashboard
+from dspark_lab.serve import free_port
 
-DASHBOARD = Path(__file__).resolve().parents[3] / "docs" / "grafana" / "dspark_dynamic.json"
+DASHBOARD = dashboard()
 MAIN_PANELS = (1, 2, 3, 5)  # acceptance, mean depth, steps by depth, tokens per step
 
 

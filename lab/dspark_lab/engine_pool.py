@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dspark_dynamic.testing.engine_run import confidence_reports, engine_env, spec_counters
+from dspark_lab.engine_run import confidence_reports, engine_env, spec_counters
 
 
 @dataclass
@@ -65,9 +65,9 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
             if spec.get(key):
                 kwargs[key] = spec[key]
         kwargs.update(spec.get("engine", {}))  # extra LLM kwargs, e.g. dtype float32, max_model_len
-        if os.environ.get("DSPARK_PART_TIMERS"):  # time the parts of every step (testing/part_timers.py)
+        if os.environ.get("DSPARK_PART_TIMERS"):  # time the parts of every step (lab/dspark_lab/part_timers.py)
             global _PART_SECONDS
-            from dspark_dynamic.testing.part_timers import install
+            from dspark_lab.part_timers import install
 
             _PART_SECONDS = install()
         llm = LLM(**kwargs)
@@ -198,7 +198,7 @@ class EnginePool:
         self.conns: dict[str, Any] = {}
         self.procs: dict[str, Any] = {}
         if ballast:
-            from dspark_dynamic.testing.tiny_models import Script, build_target
+            from dspark_lab.tiny_models import Script, build_target
 
             tiny = {"model": str(build_target(Script())), **SMALL_KV_CACHE}
             specs = {**{f"(ballast {i})": tiny for i in range(ballast)}, **specs}

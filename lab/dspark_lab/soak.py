@@ -39,7 +39,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from dspark_dynamic.testing.scenarios import SCRIPT
+from dspark_lab.scenarios import SCRIPT
 
 KINDS = ("length", "length_answer", "eos", "stop_string", "stop_string_answer", "stop_token", "crossing",
          "abort", "n2")
@@ -193,7 +193,7 @@ def run_soak(url: str, requests: int = 2000, concurrency: int = 16, seed: int = 
     """Warm up, then ``requests`` requests from ``concurrency`` clients; ``rss()`` -> {engine: bytes}.
     ``progress``: a bar on stderr (requests, ETA, wrong outputs and tracked requests so far);
     ``idle_timeout``: how long to wait at the start and the end for the tracked state to reach 0."""
-    from dspark_dynamic.testing.progress import track
+    from dspark_lab.progress import track
     from dspark_dynamic.tools.bench_client import scrape_metrics
 
     scrape = scrape or (lambda: scrape_metrics(url + "/metrics", 10))

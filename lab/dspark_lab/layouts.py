@@ -11,8 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dspark_dynamic.testing import tiny_models
-from dspark_dynamic.testing.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
+from dspark_lab import tiny_models
+from dspark_lab.scenarios import ANSWER_PROMPT, SCRIPT, THINKING_PROMPT
 
 DEPTHS = {"reasoning_depth": 1, "answer_depth": 2}
 NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from dspark_dynamic.testing.tiny_models import Script, _write_model, build_cached
+from dspark_lab.tiny_models import Script, _write_model, build_cached
 
 SCRIPT = Script()
 _V = SCRIPT.vocab()

@@ -1,1 +1,0 @@
-"""Test and demo support: tiny mock models built locally (never downloaded)."""
