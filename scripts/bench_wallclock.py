@@ -81,7 +81,7 @@ def main() -> int:
                        "concurrency": args.concurrency, "epochs": args.epochs, "rounds": result.rounds,
                        "summary": result.summary(), "traces": result.traces}, f, indent=1)
     if args.plot:
-        from dspark_dynamic.tools.plots import plot_wallclock
+        from dspark_lab.plots import plot_wallclock
 
         plot_wallclock(result.summary(), result.traces, args.plot)
         print(f"plot written to {args.plot}")

@@ -4,9 +4,9 @@
 #   bash scripts/check_vllm_upstream.sh 0.34.0     # in .venv-034
 # Upstream wheels are CUDA builds: they install and import on this CPU machine but run nothing.
 # Checked there: every patch target exists with its expected parameters
-# (python -m dspark_dynamic.adapter.patches.check), the patch table, the builder, the CUDA-graph
-# descriptors against that release's Model Runner V2 module, the pure-logic tests and every
-# registered reasoning parser on its case.  Each release gets its own venv (~9.5 GB; 3.5 min to
+# (python -m dspark_dynamic.adapter.patches.check), dspark-dynamic-doctor on both presets, the
+# patch table, the builder, the CUDA-graph descriptors against that release's Model Runner V2
+# module, the pure-logic tests and every registered reasoning parser on its case.  Each release gets its own venv (~9.5 GB; 3.5 min to
 # build on an idle machine, 10-15 min on a busy one), rebuilt only when its stamp changes: the
 # build recipe below (not this script's comments or test list), the release and pyproject.toml.
 #   VENV033=path / VENV034=path   (defaults: .venv-033 / .venv-034 in the repo root)
@@ -70,11 +70,20 @@ EOF
 
 STAMP=$( { declare -f quiet_pip build_venv; echo "$VERSION $OVERRIDES"; cat pyproject.toml lab/pyproject.toml; } | sha256sum | cut -d' ' -f1)
 if ! { [ -f "$VENV/.stamp" ] && [ "$(cat "$VENV/.stamp")" = "$STAMP" ]; }; then
+  # replace only a venv this script built (a stamp file is there), never someone else's
+  if [ -e "$VENV" ] && [ ! -f "$VENV/.stamp" ] && [ -n "$(ls -A "$VENV" 2>/dev/null)" ]; then
+    echo "$TAG: $VENV exists and was not built by this script; refusing to replace it" >&2
+    exit 1
+  fi
   build_venv
 fi
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
 echo "$TAG: vllm $("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("vllm"))') in $VENV"
 "$VENV/bin/python" -m dspark_dynamic.adapter.patches.check
+# the doctor on both presets, in this release's own venv (exit 0: everything they ask for is there)
+for preset in deepseek-v4-flash-lvllm deepseek-v4-flash-vllm033; do
+  "$VENV/bin/dspark-dynamic-doctor" --preset "$preset"
+done
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/fixes/test_cudart_rules.py \
   tests/vllm/test_cudagraph_patch.py tests/vllm/test_reasoning_parsers.py tests/vllm/test_patch_table.py \
   tests/vllm/test_build.py tests/vllm/test_confidence_v2.py

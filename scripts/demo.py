@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dspark_dynamic.core.paired import paired_ratio, summarize
+from dspark_lab.paired import paired_ratio, summarize
 from dspark_dynamic.adapter.plugin import require_vllm
 from dspark_lab.simulate import CostModel, modeled_tok_per_s
 from dspark_lab.wallclock import run_wallclock

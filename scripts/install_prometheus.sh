@@ -9,8 +9,11 @@ if [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-{ apt-get install -y -qq prometheus || { apt-get update -qq && apt-get install -y -qq prometheus; }; } >/dev/null 2>&1
-if ! command -v prometheus >/dev/null 2>&1; then
+apt_install() { apt-get install -y -qq --no-install-recommends prometheus; }
+{ apt_install || { apt-get update -qq && apt_install; }; } >/dev/null 2>&1
+if command -v prometheus >/dev/null 2>&1; then
+  echo "install_prometheus: installed Debian's prometheus ($(dpkg-query -W -f='${Version}' prometheus 2>/dev/null)) for the dashboard test"
+else
   echo "install_prometheus: apt-get could not install Debian's 'prometheus'; tests/engine/test_dashboard.py will skip"
 fi
 exit 0

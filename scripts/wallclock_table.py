@@ -18,7 +18,7 @@ import json
 import statistics
 import sys
 
-from dspark_dynamic.core.paired import paired_ratio
+from dspark_lab.paired import paired_ratio
 from dspark_lab.part_timers import PARTS, hooks
 
 PLAIN = "fixed k=0"
@@ -33,7 +33,7 @@ def tok_per_s(round_: dict, name: str) -> float | None:
 
 
 def paired(rounds: list[dict], num: str, den: str) -> tuple[float, float, float] | None:
-    """(median, q1, q3) of the per-round ratios ``num / den`` (``core.paired``, as the benchmark)."""
+    """(median, q1, q3) of the per-round ratios ``num / den`` (``dspark_lab.paired``, as the benchmark)."""
     pairs = [(a, b) for a, b in ((tok_per_s(r, num), tok_per_s(r, den)) for r in rounds) if a and b]
     if len(pairs) < 2:
         return None

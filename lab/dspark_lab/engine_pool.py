@@ -2,7 +2,7 @@
 
 Wall-clock comparisons on a shared 2-core machine are only stable when every setting runs under
 the same conditions: all engines stay alive together, rounds are interleaved, and each claim is
-a median of paired per-round ratios (``dspark_dynamic.core.paired``).  An ``EnginePool`` starts
+a median of paired per-round ratios (``dspark_lab.paired``).  An ``EnginePool`` starts
 one process per setting (a fresh vLLM engine, in-process engine core) and sends it requests over
 a pipe; only the engine asked works at any time, the others wait idle.
 

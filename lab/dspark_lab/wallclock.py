@@ -27,7 +27,7 @@ position, DSpark's cost shape); every setting, k = 0 included, runs on that draf
 Every round runs ``requests`` thinking-mode requests on every setting, one request at a time:
 one request per setting in a rotated order, ``requests`` times, so a slow spell of the shared
 machine hits every setting alike; the first ``warmup`` rounds are dropped.  Claims are medians of paired per-round
-ratios (``dspark_dynamic.core.paired``).  Greedy outputs must equal the script, and the controller's
+ratios (``dspark_lab.paired``).  Greedy outputs must equal the script, and the controller's
 per-phase counts must equal vLLM's counters; both are checked and reported.
 """
 
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_dynamic.core.options import PEER_POLICIES
-from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
+from dspark_lab.paired import paired_ratio, rotation, summarize
 from dspark_lab.simulate import CostModel, modeled_tok_per_s
 from dspark_lab.engine_pool import BALLAST, SMALL_KV_CACHE, EnginePool
 from dspark_lab.progress import ratios_so_far, track

@@ -19,7 +19,7 @@ keeps the memory of a small box in bounds):
 
 Round ``r`` sends the same prompt (``r`` modulo the prompt count) to every engine of the group, in
 a rotated order; the first ``warmup`` rounds are dropped.  Claims are medians of paired per-round
-ratios (``core.paired``).  Checked and reported: greedy outputs equal ``plain``'s, per prompt, and
+ratios (``dspark_lab.paired``).  Checked and reported: greedy outputs equal ``plain``'s, per prompt, and
 each controlled engine's per-phase counts equal vLLM's counters.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
+from dspark_lab.paired import paired_ratio, rotation, summarize
 from dspark_lab import real_checkpoint as rc
 from dspark_lab.engine_pool import BALLAST, EnginePool
 from dspark_lab.wallclock import COPY
@@ -196,7 +196,7 @@ def format_report(results: dict[str, GroupResult]) -> str:
 
 def plot_real(results: dict[str, GroupResult], path: str) -> None:
     """A PNG: per group, tok/s per setting (median, IQR), and the draft-confidence reliability."""
-    from dspark_dynamic.tools.plots import _pyplot, plot_reliability
+    from dspark_lab.plots import _pyplot, plot_reliability
 
     plt = _pyplot()
     s = summary(results)

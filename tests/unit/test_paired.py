@@ -1,6 +1,6 @@
 import pytest
 
-from dspark_dynamic.core.paired import paired_ratio, rotation, summarize
+from dspark_lab.paired import paired_ratio, rotation, summarize
 
 
 def test_summary_is_median_and_quartiles():

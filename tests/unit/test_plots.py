@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from dspark_dynamic.tools.plots import plot_wallclock, request_timeline  # noqa: E402
+from dspark_lab.plots import plot_wallclock, request_timeline  # noqa: E402
 
 
 def trace_text():
@@ -34,7 +34,7 @@ def test_reliability_diagram_from_the_calibration_reports(tmp_path):
     import random
 
     from dspark_dynamic.core.confidence import ConfidenceCalibrator
-    from dspark_dynamic.tools.plots import confidence_reports
+    from dspark_lab.plots import confidence_reports
 
     cal = ConfidenceCalibrator(1)
     rng = random.Random(0)

@@ -95,8 +95,12 @@ def test_a_copied_preset_launches_from_its_copy(tmp_path):
     config.write_text(config.read_text().replace("/models/DeepSeek-V4-Flash-0731", "/srv/v4"))
     proc = launch("--config", str(config), "--env", str(env), "--dry-run")
     assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1].endswith(f"serve --config {config}")
+    assert "not used" not in proc.stderr
+    without_env = launch("--config", str(config), "--dry-run")  # the env file beside it is named, not dropped silently
+    assert without_env.returncode == 0 and f"{env} beside the config is not used; pass --env {env}" in without_env.stderr
     again = launch("--copy-preset", "deepseek-v4-flash-lvllm", str(tmp_path / "box"))
-    assert again.returncode == 2 and "would overwrite" in again.stderr and "Traceback" not in again.stderr
+    assert again.returncode == 2 and "refusing to copy" in again.stderr and "exists" in again.stderr
+    assert "Traceback" not in again.stderr
 
 
 def test_list_presets_and_copy_dashboard(tmp_path):

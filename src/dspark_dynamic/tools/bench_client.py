@@ -308,19 +308,22 @@ def print_summary(s: dict[str, Any]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dspark-dynamic-bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap = argparse.ArgumentParser(
+        prog="dspark-dynamic-bench",
+        description="Per-phase (reasoning / answer) tok/s, TTFT and draft acceptance of an OpenAI-compatible "
+                    "chat server, from streamed chat completions and its /metrics.  Exit 2 on a failed run.")
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)")
     ap.add_argument("--model", help="model name (default: the server's first)")
-    ap.add_argument("--prompts", help="file: a JSON list of prompts, or one prompt per line")
-    ap.add_argument("--concurrency", type=int, default=1)
-    ap.add_argument("--repetitions", type=int, default=1)
-    ap.add_argument("--max-tokens", type=int, default=1024)
+    ap.add_argument("--prompts", help=f"file: a JSON list of prompts, or one prompt per line "
+                                      f"(default: {len(DEFAULT_PROMPTS)} built-in reasoning prompts)")
+    ap.add_argument("--concurrency", type=int, default=1, help="requests in flight (default: %(default)s)")
+    ap.add_argument("--repetitions", type=int, default=1, help="times each prompt is sent (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=1024, help="per request (default: %(default)s)")
     ap.add_argument("--temperature", type=float, help="default: the server's")
     ap.add_argument("--chat-template-kwargs", help='JSON, e.g. \'{"thinking": true}\'')
     ap.add_argument("--metrics-url", help="default: BASE_URL/metrics")
     ap.add_argument("--no-token-ids", action="store_true", help="do not ask for token_ids (non-vLLM servers)")
-    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: %(default)s)")
     ap.add_argument("--json", help="write the full result as JSON to this file ('-' = stdout)")
     return ap
 

@@ -63,7 +63,7 @@ def copy_out(paths: list[Path], folder: str) -> list[Path]:
     copies = [target / p.name for p in paths]
     existing = [str(c) for c in copies if c.exists()]
     if existing:
-        raise FileExistsError(f"would overwrite {', '.join(existing)}")
+        raise FileExistsError(f"{', '.join(existing)} exists (remove it or choose another folder)")
     for source, copy in zip(paths, copies):
         shutil.copyfile(source, copy)
     return copies

