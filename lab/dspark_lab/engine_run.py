@@ -3,7 +3,7 @@
     python -m dspark_lab.engine_run SPEC.json OUT.json
 
 SPEC: {"model": path, "speculative_config": {...} | null, "additional_config": {...} | null,
-       "batches": [[{"prompt_ids": [...], "max_tokens": N, ...sampling params}, ...], ...],
+       "batches": [[{"prompt_ids": [...], "max_tokens": N, ...sampling params, "extra_args": {...}}, ...], ...],
        "engine": {extra LLM kwargs}, "abort_storm": {...} (optional),
        "verifier": "reference" | "blind" (optional: patch vLLM's rejection sampler, tests only),
        "record_drafts": true (optional: every proposal, the idle-skip counters and the rejection
@@ -110,7 +110,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             SamplingParams(temperature=r.get("temperature", 0.0), max_tokens=r.get("max_tokens", 256),
                            n=r.get("n", 1), seed=r.get("seed"), stop=r.get("stop"),
                            stop_token_ids=r.get("stop_token_ids"), ignore_eos=r.get("ignore_eos", False),
-                           logprobs=r.get("logprobs"))
+                           logprobs=r.get("logprobs"), extra_args=r.get("extra_args"))
             for r in batch
         ]
         t = time.monotonic()
@@ -124,6 +124,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "logprobs": [sampled_logprobs(o.outputs[0]) for o in outputs],
                 "vllm": spec_counters(llm),
                 "phases": hook.controller.stats.snapshot() if hook else None,
+                "policies": hook.controller.stats.policy_snapshot() if hook else None,
                 "live_states": len(hook.controller.states) if hook else None,
                 "confidence": confidence_reports(hook),
             }

@@ -191,3 +191,59 @@ def test_after_load_the_server_is_healthy_and_counts_agree(server, load):
           f"{(m['vllm']['drafts'], m['vllm']['draft_tokens'], m['vllm']['accepted_tokens'])}")
     tracked = [v for (name, _), v in load["samples"].items() if name == "dspark_dynamic:tracked_requests"]
     assert tracked == [0.0]  # the controller holds no state once every client is gone
+
+
+# -- a depth policy per request, over the OpenAI API (vllm_xargs) -----------------------------
+
+BAD_XARGS = [  # (vllm_xargs, the key the error names)
+    ({"dspark_dynamic_depth": 5}, "dspark_dynamic_depth"),  # above num_speculative_tokens (2)
+    ({"dspark_dynamic_depth": "two"}, "dspark_dynamic_depth"),
+    ({"dspark_dynamic_policy": "adaptive"}, "dspark_dynamic_policy"),  # this server runs phase 1/2
+    ({"dspark_dynamic_dpeth": 1}, "dspark_dynamic_dpeth"),
+]
+
+
+def test_bad_request_policy_is_refused_alone_while_the_others_finish_exact(server, load):
+    openai = pytest.importorskip("openai")
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=300)
+
+    def good(i):
+        out = client.completions.create(
+            model="tiny", prompt="<|user|> f00%d <|assistant|> <think>" % i, max_tokens=300, temperature=0,
+            extra_body={"vllm_xargs": {"dspark_dynamic_depth": i % 3}, "return_token_ids": True})
+        return out.choices[0].model_dump().get("token_ids")
+
+    def bad(case):
+        xargs, _key = case
+        try:
+            client.completions.create(model="tiny", prompt="<|user|> f001 <|assistant|> <think>", max_tokens=20,
+                                      temperature=0, extra_body={"vllm_xargs": xargs})
+        except openai.BadRequestError as exc:
+            return exc.status_code, str(exc)
+        return 200, ""
+
+    health = []
+    with ThreadPoolExecutor(8) as pool:
+        goods = [pool.submit(good, i) for i in range(6)]
+        time.sleep(0.5)  # the good requests are running when the bad ones arrive
+        bads = list(pool.map(bad, BAD_XARGS))
+        while not all(f.done() for f in goods):
+            health.append(urllib.request.urlopen(server + "/health", timeout=10).status)
+            time.sleep(0.2)
+        results = [f.result() for f in goods]
+    assert results == [EXPECTED] * 6
+    for (xargs, key), (status, message) in zip(BAD_XARGS, bads):
+        assert status == 400, (xargs, message)
+        assert key in message and "allowed" in message
+    assert health and set(health) == {200}
+    samples = bench_client.scrape_metrics(server + "/metrics", 10)
+    errors = [v for (name, _), v in samples.items() if name == "dspark_dynamic:controller_errors_total"]
+    assert errors and set(errors) == {0.0}
+    by_policy = {dict(labels)["policy"] for (name, labels), _v in samples.items()
+                 if name == "dspark_dynamic:policy_verified_draft_tokens_total"}
+    assert {"fixed 0", "fixed 1", "fixed 2", "phase 1/2"} <= by_policy
+    verified_at_0 = sum(v for (name, labels), v in samples.items()
+                        if name == "dspark_dynamic:policy_verified_draft_tokens_total" and dict(labels)["policy"] == "fixed 0")
+    assert verified_at_0 == 0

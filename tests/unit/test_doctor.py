@@ -138,8 +138,8 @@ def test_every_patch_belongs_to_a_feature_and_names_resolve():
 
 def test_dspark_phase_needs_the_controller_the_alias_and_verify_length_graphs():
     assert labels(plan("dspark", alias=True, reasoning_depth=1)) == ["depth controller", "method alias",
-                                                                     "verify-length graphs"]
-    assert labels(plan("dspark")) == ["depth controller", "verify-length graphs"]
+                                                                     "per-request policy", "verify-length graphs"]
+    assert labels(plan("dspark")) == ["depth controller", "per-request policy", "verify-length graphs"]
 
 
 def test_confidences_follow_the_policy_and_the_drafter():
@@ -152,9 +152,9 @@ def test_confidences_follow_the_policy_and_the_drafter():
 
 
 def test_depth0_features_follow_the_drafter():
-    assert labels(plan("draft_model")) == ["depth controller", "idle-drafter skip", "zero-draft sampling"]
-    assert labels(plan("draft_model", skip_idle_drafter=False)) == ["depth controller", "zero-draft sampling"]
-    assert labels(plan("ngram")) == ["depth controller", "zero-draft sampling"]
+    assert labels(plan("draft_model")) == ["depth controller", "per-request policy", "idle-drafter skip", "zero-draft sampling"]
+    assert labels(plan("draft_model", skip_idle_drafter=False)) == ["depth controller", "per-request policy", "zero-draft sampling"]
+    assert labels(plan("ngram")) == ["depth controller", "per-request policy", "zero-draft sampling"]
 
 
 def patch_named(name):
@@ -172,7 +172,7 @@ def fake_targets(monkeypatch, missing=()):
 def test_features_in_place_under_sync(monkeypatch):
     fake_targets(monkeypatch)
     rows = doctor.feature_rows(plan("draft_model", policy="adaptive"), Mode(False, ""), "v032")
-    assert [r.name for r in rows] == ["depth controller", "draft confidences", "idle-drafter skip",
+    assert [r.name for r in rows] == ["depth controller", "per-request policy", "draft confidences", "idle-drafter skip",
                                       "zero-draft sampling"]
     assert all(r.ok and not r.warn and r.detail.startswith("on") for r in rows)
 

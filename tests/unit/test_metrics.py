@@ -277,3 +277,31 @@ def test_the_live_estimate_is_a_gauge_per_phase_and_alternative(tmp_path, monkey
                        ("all", "fixed"): 1.10}
     metrics.SnapshotWriter().write(lambda: {"answer": {"steps": 1}}, force=True, estimate=lambda: None)
     assert "dspark_dynamic:estimated_speedup" not in {f.name for f in metrics.PhaseCollector(str(tmp_path)).collect()}
+
+
+def test_counts_per_request_policy_are_series_of_their_own(tmp_path, monkeypatch):
+    from dspark_dynamic.core.phase import Phase
+    from dspark_dynamic.core.stats import PhaseStats
+
+    monkeypatch.setenv(metrics.METRICS_DIR_ENV, str(tmp_path))
+    stats = PhaseStats(policy_label="adaptive")
+    stats.record(Phase.ANSWER, 2, 1, 2, "a")
+    stats.record_policy("fixed 2", Phase.ANSWER, 2, 1, 2)
+    stats.record(Phase.ANSWER, 1, 1, 2, "b")  # the server's own policy
+    stats.record(Phase.REASONING, 0, 0, 1, "c")
+    stats.record_policy("fixed 0", Phase.REASONING, 0, 0, 1)
+    metrics.SnapshotWriter().write(stats.snapshot, force=True, policies=stats.policy_snapshot)
+    families = {f.name: f for f in metrics.PhaseCollector(str(tmp_path)).collect()}
+    verified = {(s.labels["policy"], s.labels["phase"]): s.value
+                for s in families["dspark_dynamic:policy_verified_draft_tokens"].samples}
+    assert verified[("fixed 2", "answer")] == 2 and verified[("adaptive", "answer")] == 1
+    assert verified[("fixed 0", "reasoning")] == 0
+    tokens = {(s.labels["policy"], s.labels["phase"]): s.value
+              for s in families["dspark_dynamic:policy_generated_tokens"].samples}
+    assert tokens[("fixed 0", "reasoning")] == 1
+    # summed over policies, the per-policy series equal the per-phase ones
+    per_phase = {s.labels["phase"]: s.value for s in families["dspark_dynamic:verified_draft_tokens"].samples}
+    for phase, total in per_phase.items():
+        assert sum(v for (_p, ph), v in verified.items() if ph == phase) == total
+    # a malformed per-policy part makes the snapshot unusable, as any other malformed part does
+    assert not metrics._valid_snapshot({"phases": {}, "policies": {"fixed 2": {"answer": {"verified": "x"}}}})

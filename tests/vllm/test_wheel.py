@@ -42,6 +42,7 @@ ALLOWED = {
     "dspark_dynamic/adapter/patches/dflash_context.py",
     "dspark_dynamic/adapter/patches/drafter_skip.py",
     "dspark_dynamic/adapter/patches/plain_step.py",
+    "dspark_dynamic/adapter/patches/request_policy.py",
     "dspark_dynamic/adapter/patches/scheduler.py",
     "dspark_dynamic/adapter/patches/zero_draft_sampling.py",
     "dspark_dynamic/adapter/patching.py",
@@ -61,6 +62,7 @@ ALLOWED = {
     "dspark_dynamic/core/peers.py",
     "dspark_dynamic/core/phase.py",
     "dspark_dynamic/core/policy.py",
+    "dspark_dynamic/core/request_policy.py",
     "dspark_dynamic/core/stats.py",
     "dspark_dynamic/data/__init__.py",
     "dspark_dynamic/data/grafana/dspark_dynamic.json",
@@ -71,9 +73,12 @@ ALLOWED = {
     "dspark_dynamic/fixes/flashinfer_cudart.py",
     "dspark_dynamic/tools/__init__.py",
     "dspark_dynamic/tools/bench_client.py",
+    "dspark_dynamic/tools/bench_policies.py",
     "dspark_dynamic/tools/data.py",
     "dspark_dynamic/tools/doctor.py",
     "dspark_dynamic/tools/launch.py",
+    "dspark_dynamic/tools/paired.py",
+    "dspark_dynamic/tools/plot_policies.py",
 }
 DIST_INFO = {"METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt", "licenses/LICENSE"}
 # Modules that exist for tests and benchmarks only: none may be imported by the installed plugin.

@@ -5,7 +5,8 @@ Data flows one way::
     additional_config["dspark_dynamic"] --parse_options--> options
         --resolve_markers (options, then the reasoning parser, then the tokenizer)--> markers
         (ids or id sequences; or the parser's own API)
-        --> policy (phase | adaptive), batch depth, stats (+ trace file) --> DepthController
+        --> policy (phase | adaptive), batch depth, stats (+ trace file),
+            the per-request policy reader --> DepthController
 
 ``resolve_options`` is the validating half: the argument-parsing process runs it (through the
 config adapter) so bad input fails before any engine starts, and writes the resolved options
@@ -24,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import IO, Any
 
 from dspark_dynamic.adapter.markers import ResolvedMarkers, check_marker_ids, resolve_markers
+from dspark_dynamic.adapter.patches.request_policy import request_policy_reader
 from dspark_dynamic.core.controller import DepthController
 from dspark_dynamic.core.options import (
     CONFIG_KEY,
@@ -35,6 +37,7 @@ from dspark_dynamic.core.options import (
     parse_options,
 )
 from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, PhasePolicy
+from dspark_dynamic.core.request_policy import server_label
 from dspark_dynamic.core.stats import PhaseStats
 
 logger = logging.getLogger("vllm.dspark_dynamic")
@@ -212,7 +215,8 @@ def build_controller(vllm_config: Any) -> BuiltController | None:
     catches_up = expects_drafter_catch_up(options, vllm_config)
     idle_runs = not (catches_up or expects_context_only(options, vllm_config))
     policy = build_policy(options, catches_up, idle_drafter_runs=idle_runs)
-    controller = DepthController(markers.detector(), policy, batch_depth, PhaseStats(trace))
+    stats = PhaseStats(trace, server_label(options.policy, options.reasoning_depth, options.answer_depth))
+    controller = DepthController(markers.detector(), policy, batch_depth, stats, request_policy_reader(options))
     return BuiltController(options, markers, batch_depth, controller, trace, confidence_status(options, vllm_config))
 
 

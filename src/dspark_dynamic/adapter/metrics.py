@@ -25,6 +25,10 @@ data-parallel rank, as on vLLM's own series):
 - ``dspark_dynamic:accepted_draft_tokens_total`` drafts accepted (== vllm:spec_decode_num_accepted_tokens)
 - ``dspark_dynamic:generated_tokens_total``      tokens produced by decode steps
 - ``dspark_dynamic:depth_steps_total``           request-steps by chosen depth (label ``depth``)
+- ``dspark_dynamic:policy_steps_total``, ``policy_verified_draft_tokens_total``,
+  ``policy_accepted_draft_tokens_total``, ``policy_generated_tokens_total``: the same counts by
+  the request's policy (label ``policy``: ``fixed K``, ``phase R/A``, or the server's policy;
+  see ``core/request_policy.py``); summed over ``policy`` they equal the series above
 - ``dspark_dynamic:tracked_requests``            requests the controller holds state for (gauge)
 - ``dspark_dynamic:controller_errors_total``     faults in the plugin that detached the controller
   (label ``engine`` only; see ``adapter/fail_open.py``)
@@ -150,7 +154,8 @@ class SnapshotWriter:
         return (tracked > 0) != self._busy or time.monotonic() - self._last >= WRITE_INTERVAL_S
 
     def write(self, snapshot: Callable[[], dict[str, Any]], force: bool = False, tracked: int = 0,
-              errors: int = 0, estimate: Callable[[], Any] | None = None) -> None:
+              errors: int = 0, estimate: Callable[[], Any] | None = None,
+              policies: Callable[[], dict[str, Any]] | None = None) -> None:
         """Write ``snapshot()``, the number of requests the controller tracks (``tracked``) and
         the faults that detached it (``errors``) if ``WRITE_INTERVAL_S`` has passed since the
         last periodic write, if ``tracked`` crossed between 0 and more since the last write, or
@@ -168,7 +173,8 @@ class SnapshotWriter:
             self._last = now
         self._busy = tracked > 0
         data = {"pid": os.getpid(), "engine": self.engine, "phases": snapshot(), "tracked": tracked,
-                "controller_errors": errors, "estimate": estimate() if estimate is not None else None}
+                "controller_errors": errors, "estimate": estimate() if estimate is not None else None,
+                "policies": policies() if policies is not None else {}}
         self._dump(data)
         if self.publisher is not None:
             self.publisher.publish(data)
@@ -194,6 +200,13 @@ def _valid_snapshot(data: Any) -> bool:
             elif key != "accepted_per_pos" and not isinstance(value, (int, float)):
                 return False
     if not isinstance(data.get("engine", ""), (str, int)):
+        return False
+    policies = data.get("policies") or {}
+    if not isinstance(policies, dict) or not all(
+        isinstance(phases, dict) and all(
+            isinstance(counts, dict) and all(isinstance(v, (int, float)) for v in counts.values())
+            for counts in phases.values())
+        for phases in policies.values()):
         return False
     return isinstance(data.get("tracked", 0), (int, float)) and isinstance(data.get("controller_errors", 0), (int, float))
 
@@ -258,6 +271,18 @@ class PhaseCollector:
         errors = CounterMetricFamily(f"{PREFIX}controller_errors",
                                      "dspark_dynamic: faults in the plugin that detached the depth controller "
                                      "(vLLM's own speculative decoding resumed)", labels=["engine"])
+        by_policy = {
+            key: CounterMetricFamily(f"{PREFIX}policy_{name}", f"dspark_dynamic: {doc}, by request policy and "
+                                     "reasoning phase", labels=["policy", "phase", "engine"])
+            for name, key, doc in self.COUNTERS
+        }
+        for snap in snapshots:
+            engine = snapshot_engine(snap)
+            for policy, phases in (snap.get("policies") or {}).items():
+                for phase, counts in phases.items():
+                    for key, family in by_policy.items():
+                        family.add_metric([policy, phase, engine], float(counts.get(key, 0)))
+        yield from (family for family in by_policy.values() if family.samples)
         for snap in snapshots:
             tracked.add_metric([snapshot_engine(snap)], float(snap.get("tracked", 0)))
             errors.add_metric([snapshot_engine(snap)], float(snap.get("controller_errors", 0)))

@@ -29,11 +29,12 @@ def all_patches() -> tuple:
         dflash_context,
         drafter_skip,
         plain_step,
+        request_policy,
         scheduler,
         zero_draft_sampling,
     )
 
-    return (config_alias.PATCHES + scheduler.PATCHES + confidence.PATCHES + drafter_skip.PATCHES
+    return (config_alias.PATCHES + request_policy.PATCHES + scheduler.PATCHES + confidence.PATCHES + drafter_skip.PATCHES
             + dflash_context.PATCHES + zero_draft_sampling.PATCHES + plain_step.PATCHES + confidence_v2.PATCHES
             + cudagraph.PATCHES)
 

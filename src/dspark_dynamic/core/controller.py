@@ -25,6 +25,14 @@ present, runs first in every ``before_schedule`` (a policy's per-step draws).
 Example: phase policy 1/2, a request inside ``<think>`` with drafts ``[a, b]``: it is planned at
 depth 1, the drafter is asked for 1 draft, and its next step verifies ``[a]``.
 
+A policy per request (``request_policy``, from the adapter: the request's own ``RequestPolicy``
+or None, read once when the request is first seen): a fixed or phase override gives that request
+its own depths in every step; it takes no part in a batch policy's ``gate``/``plan`` decision but
+feeds what it measured (acceptance, step times, confidences) to the shared policy like any other
+request.  Under ``batch_depth`` max/min the step's one depth is the max/min over every request's,
+overridden or not.  Requests with an override are counted per policy label as well
+(``stats.record_policy``); those without one are the server's policy.
+
 Requests touched: ``request_id``, ``prompt_token_ids``, ``output_token_ids``, ``spec_token_ids``
 (and ``all_token_ids`` when a reasoning parser's own API follows the phase).  The phase comes
 from a ``PhaseDetector``: ``PhaseRules`` (marker ids and id sequences) or the adapter's
@@ -33,11 +41,12 @@ parser-backed detector.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from dspark_dynamic.core.phase import Phase, PhaseDetector, PhaseTracker
 from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, apply_batch_depth
+from dspark_dynamic.core.request_policy import RequestPolicy
 from dspark_dynamic.core.stats import PhaseStats
 
 # request_id -> (phase at scheduling time, chosen depth or -1 when no drafts were offered)
@@ -65,6 +74,7 @@ class DepthController:
         policy: DepthPolicy,
         batch_depth: BatchDepth = BatchDepth.PER_REQUEST,
         stats: PhaseStats | None = None,
+        request_policy: Callable[[Any], RequestPolicy | None] | None = None,
     ) -> None:
         self.rules = rules
         self.policy = policy
@@ -75,6 +85,10 @@ class DepthController:
         self.confidences: dict[str, list[float]] = {}  # features of each request's current drafts
         self.verifying: dict[str, list[float]] = {}  # features of the drafts a step verifies
         self._seen: dict[str, tuple[Phase, int]] = {}  # this step's phase and output length per request
+        self._request_policy = request_policy  # a request's own policy, read when it is first seen
+        self.overrides: dict[str, tuple[int, int]] = {}  # request -> its own depths, by phase
+        self.labels: dict[str, str] = {}  # request -> its own policy's label (overridden requests)
+        self._ended: dict[str, str] = {}  # labels of requests freed since the last step's output
         self._gate = getattr(policy, "gate", None)  # a batch policy decides what each step verifies
         self._plan = getattr(policy, "plan", None)  # ... and how deep the batch drafts
         self._begin = getattr(policy, "begin_step", None)
@@ -88,11 +102,22 @@ class DepthController:
         if self._wants_confidences:
             self.confidences[request_id] = features
 
+    def _track(self, request: Any) -> PhaseTracker:
+        """A request seen for the first time: its phase tracker, and its own policy if it has one."""
+        state = self.states[request.request_id] = self.rules.track(request)
+        if self._request_policy is not None:
+            own = self._request_policy(request)
+            if own is not None:
+                self.labels[request.request_id] = own.label
+                self.stats.trace_policy(request.request_id, own.label)
+                if own.depths is not None:
+                    self.overrides[request.request_id] = own.depths
+        return state
+
     def phase_of(self, request: Any) -> Phase:
         state = self.states.get(request.request_id)
         if state is None:
-            state = self.rules.track(request)
-            self.states[request.request_id] = state
+            state = self._track(request)
         return state.advance(self.rules, request.output_token_ids)
 
     def _depth(self, request_id: str, phase: Phase) -> int:
@@ -100,6 +125,11 @@ class DepthController:
         if plan is not None and plan[0] is phase:
             return plan[1]
         return self.policy.depth(phase, request_id)
+
+    def _own_depth(self, request_id: str, phase: Phase) -> int:
+        """``_depth``, for a step in which some request has its own policy."""
+        own = self.overrides.get(request_id)
+        return self._depth(request_id, phase) if own is None else own[phase]
 
     def before_schedule(self, running: Iterable[Any]) -> Decisions:
         """Trim each running request's drafts to its depth; returns what was decided."""
@@ -115,7 +145,7 @@ class DepthController:
             output = request.output_token_ids
             state = states.get(req_id)
             if state is None:
-                state = states[req_id] = rules.track(request)
+                state = self._track(request)
             phase = state.advance(rules, output)
             seen[req_id] = (phase, len(output))
             if request.spec_token_ids:
@@ -127,12 +157,25 @@ class DepthController:
             self.confidences.clear()
             return decisions
         if self._gate is not None:
-            self._gated(drafting, decisions)
+            if self.overrides:
+                self._gated_with_overrides(drafting, decisions)
+            else:
+                self._gated(drafting, decisions)
             return decisions
-        depths = [self._depth(request.request_id, phase) for request, phase in drafting]
+        if self.overrides:
+            depths = [self._own_depth(request.request_id, phase) for request, phase in drafting]
+        else:
+            depths = [self._depth(request.request_id, phase) for request, phase in drafting]
         if self._uniform is not None:
             depths = apply_batch_depth(depths, self.batch_depth)
         self.confidences.clear()  # they describe this step's drafts only
+        self._trim(drafting, depths, decisions)
+        return decisions
+
+    @staticmethod
+    def _trim(drafting: list[tuple[Any, Phase]], depths: Iterable[int], decisions: Decisions) -> None:
+        """Each request keeps its first k drafts (reassigned, never mutated: the async scheduler
+        shares one placeholder list); the depth kept goes into ``decisions``."""
         for (request, phase), k in zip(drafting, depths):
             spec = request.spec_token_ids
             if k < len(spec):
@@ -140,7 +183,6 @@ class DepthController:
             else:
                 k = len(spec)
             decisions[request.request_id] = (phase, k)
-        return decisions
 
     def _gated(self, drafting: list[tuple[Any, Phase]], decisions: Decisions) -> None:
         """The policy's depths for the step's drafting requests (each with its fresh confidences,
@@ -163,6 +205,40 @@ class DepthController:
             if f is not None:
                 verifying[req_id] = f[:k]
 
+    def _gated_with_overrides(self, drafting: list[tuple[Any, Phase]], decisions: Decisions) -> None:
+        """``_gated`` for a step with overridden requests: the policy gates the others; each
+        overridden request verifies its own depth (the step's max/min over all, when uniform);
+        the features of every verified draft are kept for calibration."""
+        overrides, confidences = self.overrides, self.confidences
+        gated = [row for row in drafting if row[0].request_id not in overrides]
+        own: dict[str, int] = {}
+        if gated:
+            for (request, _phase), k in zip(gated, self._gate_depths(gated)):
+                own[request.request_id] = k
+        depths = [own[r.request_id] if r.request_id in own else overrides[r.request_id][p] for r, p in drafting]
+        if self._uniform is not None:
+            depths = apply_batch_depth([min(k, len(r.spec_token_ids)) for (r, _p), k in zip(drafting, depths)],
+                                       self.batch_depth)
+        self._trim(drafting, depths, decisions)
+        if confidences:
+            for request, _phase in drafting:
+                f = confidences.get(request.request_id)
+                k = decisions[request.request_id][1]
+                if f is not None and k:
+                    self.verifying[request.request_id] = f[:k]
+        confidences.clear()  # they describe this step's drafts only
+
+    def _gate_depths(self, drafting: list[tuple[Any, Phase]]) -> list[int]:
+        """The policy's gate over ``drafting`` (each with its fresh confidences, which stay in
+        ``self.confidences`` for the caller)."""
+        confidences = self.confidences
+        items = []
+        for request, phase in drafting:
+            f = confidences.get(request.request_id) if confidences else None
+            n = len(request.spec_token_ids)
+            items.append((phase, request.request_id, f, n if f is None or len(f) >= n else len(f)))
+        return list(self._gate(items, self._uniform))
+
     def plan_drafts(self, scheduled: Iterable[Any]) -> int | None:
         """Choose the next step's depth of every request that drafts in this step.
 
@@ -179,7 +255,9 @@ class DepthController:
                 rows.append((self.phase_of(request), req_id))
         if not rows:
             return None
-        if self._plan is not None:
+        if self.overrides:
+            planned = self._planned_with_overrides(rows)
+        elif self._plan is not None:
             planned = self._plan(rows)
         else:
             planned = [self.policy.depth(phase, req_id) for phase, req_id in rows]
@@ -187,6 +265,17 @@ class DepthController:
         for row, k in zip(rows, planned):
             plans[row[1]] = (row[0], k)
         return self._drafter_depth(planned)
+
+    def _planned_with_overrides(self, rows: list[tuple[Phase, str]]) -> list[int]:
+        """Next-step depths where some requests have their own: theirs, and the policy's (its
+        batch ``plan`` over the others alone) for the rest."""
+        overrides = self.overrides
+        if self._plan is not None:
+            others = [row for row in rows if row[1] not in overrides]
+            theirs = iter(self._plan(others) if others else ())
+            return [overrides[r][p] if r in overrides else next(theirs) for p, r in rows]
+        depth = self.policy.depth
+        return [overrides[r][p] if r in overrides else depth(p, r) for p, r in rows]
 
     def after_output(
         self,
@@ -224,6 +313,8 @@ class DepthController:
                 observe(phase, 0, 0, req_id)
             else:
                 stats.totals[phase].tokens += added
+        if self.labels or self._ended:
+            self._count_by_policy(decisions, counted, tokens)
         if step is not None and step.num_requests:
             stats.record_step_time(
                 step.seconds, verified_tokens, step.num_requests, step.draft_depth, step.decode_only
@@ -233,12 +324,33 @@ class DepthController:
                 if self._account is not None:
                     self._account(step.seconds, decisions, tokens)
 
+    def _count_by_policy(self, decisions: Mapping[str, tuple[Phase, int]], counted: Mapping[str, tuple[int, int]],
+                         tokens: Mapping[str, int]) -> None:
+        """``after_output``'s counts again, by policy, for the requests that chose their own
+        (vLLM frees a finished request before its last step's output arrives: ``_ended``)."""
+        labels = {**self.labels, **self._ended} if self._ended else self.labels
+        self._ended.clear()
+        record = self.stats.record_policy
+        for req_id, (phase, chosen) in decisions.items():
+            label = labels.get(req_id)
+            if label is None:
+                continue
+            counts = counted.get(req_id)
+            if counts is not None:
+                record(label, phase, counts[0], counts[1], tokens.get(req_id) or 0)
+            elif (added := tokens.get(req_id)) is not None:
+                record(label, phase, 0 if chosen == 0 and added else None, 0, added)
+
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)
         self._seen.pop(request_id, None)
         self.plans.pop(request_id, None)
         self.confidences.pop(request_id, None)
         self.verifying.pop(request_id, None)
+        self.overrides.pop(request_id, None)
+        label = self.labels.pop(request_id, None)
+        if label is not None:
+            self._ended[request_id] = label
         self.policy.forget(request_id)
 
     def prune(self, live_request_ids: Iterable[str]) -> None:

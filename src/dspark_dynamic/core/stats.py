@@ -6,6 +6,10 @@ tokens, ``steps`` == its drafts.  ``zero_depth_steps`` counts request-steps wher
 chose k=0 (vLLM sees no draft for those).  ``tokens`` counts the tokens decode steps added to
 each request's output (after vLLM cuts it at a stop token; a request's first token, from its
 prefill step, is not included).
+
+Per policy (requests that chose their own, ``record_policy``): the same counters by the policy's
+label; ``snapshot()["policies"]`` adds the server's own policy (``policy_label``) as what the
+totals hold beyond them, so the policies' counts sum to the totals.
 """
 
 from __future__ import annotations
@@ -88,8 +92,10 @@ class PhaseCounters:
 class PhaseStats:
     """Cumulative counters per phase, an interval log line, and an optional JSONL trace."""
 
-    def __init__(self, trace: IO[str] | None = None) -> None:
+    def __init__(self, trace: IO[str] | None = None, policy_label: str = "server") -> None:
         self.totals = {phase: PhaseCounters() for phase in Phase}
+        self.policy_label = policy_label  # the server's own policy, in the per-policy snapshot
+        self.by_policy: dict[str, dict[Phase, PhaseCounters]] = {}  # requests with their own policy
         self._last_logged = {phase: PhaseCounters() for phase in Phase}
         self._trace = trace
         self._rows: list[str] = []  # the trace's rows not written yet (a step's, written with its step row)
@@ -109,6 +115,40 @@ class PhaseStats:
                 req = ids[request_id] = json.dumps(request_id)
             self._rows.append(f'{{"t": {time.time():.6f}, "req": {req}, "phase": {_LABELS[phase]}, '
                               f'"k": {depth}, "accepted": {accepted}, "tokens": {tokens}}}\n')
+
+    def trace_policy(self, request_id: str, label: str) -> None:
+        """A request chose its own policy: one trace row ``{"req", "policy"}`` before its steps."""
+        if self._trace is not None:
+            self._rows.append(f'{{"t": {time.time():.6f}, "req": {json.dumps(request_id)}, '
+                              f'"policy": {json.dumps(label)}}}\n')
+
+    def record_policy(self, label: str, phase: Phase, depth: int | None, accepted: int, tokens: int) -> None:
+        """The same request-step again, by the request's own policy (``depth`` None: tokens
+        only, as ``totals`` counts a step that offered no drafts)."""
+        counters = self.by_policy.get(label)
+        if counters is None:
+            counters = self.by_policy[label] = {p: PhaseCounters() for p in Phase}
+        if depth is None:
+            counters[phase].tokens += tokens
+        else:
+            counters[phase].add(depth, accepted, tokens)
+
+    def policy_snapshot(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Per policy label and phase: steps, verified, accepted, tokens, zero-depth steps (the
+        server's own policy: the totals less every other policy's)."""
+        keys = ("steps", "verified", "accepted", "tokens", "zero_depth_steps")
+        rest = {phase: {k: getattr(c, k) for k in keys} for phase, c in self.totals.items()}
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for label, counters in self.by_policy.items():
+            out[label] = {phase.label: {k: getattr(c, k) for k in keys} for phase, c in counters.items()}
+            for phase, c in counters.items():
+                for k in keys:
+                    rest[phase][k] -= getattr(c, k)
+        mine = out.setdefault(self.policy_label, {p.label: dict.fromkeys(keys, 0) for p in Phase})
+        for phase, counts in rest.items():
+            for k, v in counts.items():
+                mine[phase.label][k] += v
+        return out
 
     def record_step_time(
         self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int = -1,

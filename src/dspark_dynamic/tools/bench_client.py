@@ -9,6 +9,7 @@ from the ``logprobs`` entries, else one token per chunk (an approximation, flagg
 
 When the server exposes ``/metrics``, the client scrapes it before and after the run and adds
 the per-phase acceptance from ``dspark_dynamic:*`` series and vLLM's own spec-decode counters.
+With ``--policies`` it compares policies on one server instead (``bench_policies``).
 
     dspark-dynamic-bench --base-url http://127.0.0.1:8000 --concurrency 2 --repetitions 3
 
@@ -210,17 +211,40 @@ def metrics_delta(before: dict | None, after: dict | None) -> dict[str, Any] | N
     return out
 
 
+def load_prompts(path: str | None) -> list[str]:
+    """The prompts of ``--prompts`` (a JSON list, or one per line), or the built-in ones."""
+    if not path:
+        return list(DEFAULT_PROMPTS)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise BenchError(f"cannot read prompts file {path}: {exc}") from exc
+    return json.loads(text) if text.lstrip().startswith("[") else [line for line in text.splitlines() if line.strip()]
+
+
+def request_body(args: argparse.Namespace, model: str, prompt: str) -> dict[str, Any]:
+    """The streamed chat-completions body of one prompt under the command line's settings."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": args.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if args.temperature is not None:
+        body["temperature"] = args.temperature
+    if not args.no_token_ids:
+        body["return_token_ids"] = True
+    if args.chat_template_kwargs:
+        body["chat_template_kwargs"] = json.loads(args.chat_template_kwargs)
+    return body
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     base = args.base_url.rstrip("/")
     model = args.model or fetch_models(base, args.timeout)[0]
-    prompts = DEFAULT_PROMPTS
-    if args.prompts:
-        try:
-            with open(args.prompts) as f:
-                text = f.read()
-        except OSError as exc:
-            raise BenchError(f"cannot read prompts file {args.prompts}: {exc}") from exc
-        prompts = json.loads(text) if text.lstrip().startswith("[") else [l for l in text.splitlines() if l.strip()]
+    prompts = load_prompts(args.prompts)
     metrics_url = args.metrics_url or base + "/metrics"
     before = scrape_metrics(metrics_url, args.timeout)
     jobs = [p for _ in range(args.repetitions) for p in prompts]
@@ -234,21 +258,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not jobs:
                     return
                 prompt = jobs.pop(0)
-            body: dict[str, Any] = {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": args.max_tokens,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            if args.temperature is not None:
-                body["temperature"] = args.temperature
-            if not args.no_token_ids:
-                body["return_token_ids"] = True
-            if args.chat_template_kwargs:
-                body["chat_template_kwargs"] = json.loads(args.chat_template_kwargs)
             try:
-                r = stream_chat(base, body, args.timeout)
+                r = stream_chat(base, request_body(args, model, prompt), args.timeout)
             except BenchError as exc:
                 with lock:
                     errors.append(str(exc))
@@ -319,17 +330,46 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight (default: %(default)s)")
     ap.add_argument("--repetitions", type=int, default=1, help="times each prompt is sent (default: %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=1024, help="per request (default: %(default)s)")
-    ap.add_argument("--temperature", type=float, help="default: the server's")
+    ap.add_argument("--temperature", type=float, help="default: the server's (0 with --policies)")
     ap.add_argument("--chat-template-kwargs", help='JSON, e.g. \'{"thinking": true}\'')
     ap.add_argument("--metrics-url", help="default: BASE_URL/metrics")
     ap.add_argument("--no-token-ids", action="store_true", help="do not ask for token_ids (non-vLLM servers)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: %(default)s)")
     ap.add_argument("--json", help="write the full result as JSON to this file ('-' = stdout)")
+    g = ap.add_argument_group(
+        "paired policy comparison on one server",
+        "Every arm runs the same prompts in every round, in an order rotated per round; ratios are "
+        "medians of per-round ratios to the reference with their IQR, next to an A/A pair.")
+    g.add_argument("--policies", metavar="SPECS",
+                   help='comma-separated policies, each sent per request as vllm_xargs: "fixed K" ("depth K"), '
+                        '"phase R/A", a policy name ("adaptive"), or "server" (none sent); turns the mode on')
+    g.add_argument("--rounds", type=int, help="paired rounds (default: 5)")
+    g.add_argument("--reference", metavar="SPEC", help="the denominator of the ratios (default: the first policy)")
+    g.add_argument("--aa", metavar="SPEC", help="the policy run twice per round as an A/A pair "
+                                                "(default: the reference)")
+    g.add_argument("--no-aa", action="store_true", help="no A/A pair")
+    g.add_argument("--mix", action="store_true",
+                   help="send a round's requests of all arms together, interleaved: policies share steps")
+    g.add_argument("--plain-url", metavar="URL",
+                   help="a server without speculative decoding, run at the end of each round (unpaired)")
+    g.add_argument("--plot", metavar="FILE.png", help="a figure of tok/s and paired ratios (needs matplotlib)")
+    g.add_argument("--progress", action="store_true", help="a progress line on stderr even when it is no TTY")
     return ap
+
+
+POLICY_ONLY = ("rounds", "reference", "aa", "no_aa", "mix", "plain_url", "plot", "progress")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.policies is not None:
+        from dspark_dynamic.tools import bench_policies
+
+        return bench_policies.main(args)
+    stray = ["--" + name.replace("_", "-") for name in POLICY_ONLY if getattr(args, name)]
+    if stray:
+        print(f"dspark-dynamic-bench: error: {', '.join(stray)} needs --policies", file=sys.stderr)
+        return 2
     try:
         summary = run(args)
     except BenchError as exc:

@@ -123,6 +123,7 @@ class Feature(NamedTuple):
 FEATURES: tuple[Feature, ...] = (
     Feature("depth controller", ("scheduler",), False, lambda p: True),
     Feature("method alias", ("config_alias",), False, lambda p: p.alias),
+    Feature("per-request policy", ("request_policy",), False, lambda p: True),
     Feature("verify-length graphs", ("cudagraph",), False, lambda p: not p.v1),
     Feature("draft confidences", ("confidence",), True, lambda p: p.v1 and p.confidences),
     Feature("draft confidences", ("confidence_v2", "confidence-update-draft-token-ids"), True,

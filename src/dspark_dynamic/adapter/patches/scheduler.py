@@ -81,7 +81,8 @@ class SchedulerHook:
         tracked = len(controller.states)
         if force or self.metrics.due(tracked):
             self.metrics.write(self.snapshot, force=force, tracked=tracked, errors=GUARD.errors,
-                               estimate=getattr(controller.policy, "estimate", None))
+                               estimate=getattr(controller.policy, "estimate", None),
+                               policies=controller.stats.policy_snapshot)
 
     def snapshot(self) -> dict:
         """Per phase: the counters, and the draft-confidence calibration where the policy has one."""
