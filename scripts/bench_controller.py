@@ -59,11 +59,11 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
     rng = random.Random(0)
     confident = policy_name == "adaptive+confidence"
     if policy_name.startswith("adaptive"):
-        from dspark_dynamic.core.adaptive import AdaptivePolicy
+        from dspark_dynamic.adapter.build import build_policy
         from dspark_dynamic.core.options import parse_options
 
         raw = {"policy": "adaptive", "adaptive": {"confidence": confident, "draft_token_cost_ratio": DRAFT_TOKEN_COST}}
-        policy = AdaptivePolicy.from_options(parse_options(raw, 2))
+        policy = build_policy(parse_options(raw, 2))
     else:
         policy = PhasePolicy(1, 2)
     ctl = DepthController(rules, policy, batch)

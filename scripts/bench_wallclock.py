@@ -2,10 +2,18 @@
 """Measured wall-clock speed of depth policies on the MoE testbed (engines side by side).
 
 Starts one real vLLM engine per setting (fixed k = 0/1/2, phase 1/2, adaptive with default
-options: the drafter's confidences gate each step, and adaptive without them), keeps them all alive, and runs interleaved rounds of single-user thinking-mode
-requests; prints median tok/s per setting and phase and the medians of paired per-round ratios
-with their interquartile ranges.  A modelled figure (seed cost model) accompanies the measured
-one for the controlled settings.
+options: the drafter's confidences gate each step, and adaptive without them), keeps them all
+alive, and runs interleaved rounds of single-user thinking-mode requests; prints median tok/s
+per setting and phase and the medians of paired per-round ratios with their interquartile
+ranges.  A modelled figure (seed cost model) accompanies the measured one for the controlled
+settings.
+
+--context long|mixed (dspark_lab/contexts.py): prompts of at least 4,096 tokens of real text
+(the environment's license texts), or short and long requests in flight together (concurrency
+2: one of each; 4: two of each); max_model_len 8192, prefix caching on, every engine primed
+with each document once; the default settings then add phase 0/0, adaptive (no context), the
+peers vllm-av and freetoken and an A/A pair (wallclock.CONTEXT_SETTINGS).  The report's header
+gives the prompt lengths per class and whether prefix caching was on.
 
     python scripts/bench_wallclock.py [--rounds 12 --requests 2] [--json out.json] [--plot out.png]
     python scripts/bench_wallclock.py --trace --json out.json  # with each controlled engine's trace
@@ -17,6 +25,12 @@ one for the controlled settings.
     python scripts/bench_wallclock.py --concurrency 4   # 4 requests in flight, starts staggered
     python scripts/bench_wallclock.py --epochs 4        # the rounds split over 4 sets of fresh engines
     python scripts/bench_wallclock.py --part-timers --json run.json  # then: wallclock_table.py --parts run.json
+    python scripts/bench_wallclock.py --context long    # every prompt >= 4,096 tokens of real text
+    python scripts/bench_wallclock.py --context mixed --concurrency 2  # one short, one long in flight
+    python scripts/bench_wallclock.py --context mixed --concurrency 4 --drafter dflash --shape narrow
+    python scripts/bench_wallclock.py --smoke --context mixed --concurrency 2 --settings "fixed k=0,fixed k=2,adaptive"
+    python scripts/bench_wallclock.py --model smollm2 [--context short|long|mixed] ...  # a real checkpoint:
+        # see dspark_lab/wallclock_real.py (--model smollm2 --help)
 """
 
 from __future__ import annotations
@@ -28,7 +42,8 @@ import sys
 
 from dspark_dynamic.adapter.plugin import require_vllm
 from dspark_lab.simulate import CostModel
-from dspark_lab.wallclock import DEFAULT_SETTINGS, DRAFTERS, SHAPES, format_report, run_wallclock
+from dspark_lab.contexts import CONTEXTS, slot_classes
+from dspark_lab.wallclock import CONTEXT_SETTINGS, DEFAULT_SETTINGS, DRAFTERS, SHAPES, format_report, run_wallclock
 
 
 def main() -> int:
@@ -36,7 +51,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--requests", type=int, default=2, help="requests per setting per round (one at a time)")
     ap.add_argument("--warmup", type=int, default=1, help="rounds run first and dropped")
-    ap.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help="comma-separated")
+    ap.add_argument("--settings", help="comma-separated (default: " + ",".join(DEFAULT_SETTINGS)
+                    + "; with --context long or mixed: " + ",".join(CONTEXT_SETTINGS) + ")")
+    ap.add_argument("--context", choices=CONTEXTS, default="short",
+                    help="short: the script's prompt (as always); long: every prompt >= 4,096 tokens of real text; "
+                         "mixed: short and long requests in flight together (needs --concurrency >= 2)")
     ap.add_argument("--calibrate", action="store_true", help="add fixed k=3 and print T(k) per step")
     ap.add_argument("--part-timers", action="store_true",
                     help="time every part of each engine step in every engine (lab/dspark_lab/part_timers.py; "
@@ -59,16 +78,22 @@ def main() -> int:
     args = ap.parse_args()
     if args.part_timers:
         os.environ["DSPARK_PART_TIMERS"] = "1"  # read by each engine process (engine_pool._worker)
+    try:
+        slot_classes(args.context, args.concurrency)  # mixed needs two requests in flight
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.settings is None:
+        args.settings = ",".join(DEFAULT_SETTINGS if args.context == "short" else CONTEXT_SETTINGS)
     settings = tuple(s.strip() for s in args.settings.split(",") if s.strip())
     if args.calibrate and "fixed k=3" not in settings:
         settings += ("fixed k=3",)
     if args.smoke:
         args.rounds, args.requests, args.warmup = 2, 1, 0
     print(f"vLLM {require_vllm()}; testbed: MoE target ({args.shape} shape) + {args.drafter} drafter "
-          f"(built locally, cached); concurrency {args.concurrency}")
+          f"(built locally, cached); concurrency {args.concurrency}; context {args.context}")
     result = run_wallclock(settings, args.rounds, args.requests, args.warmup, shape=SHAPES[args.shape],
                            drafter=args.drafter, concurrency=args.concurrency, epochs=args.epochs,
-                           trace=args.trace or bool(args.plot))
+                           trace=args.trace or bool(args.plot), context=args.context)
     cost = CostModel.from_arguments(args)
     print(format_report(result, cost))
     if args.calibrate:
@@ -78,7 +103,8 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": result.settings, "shape": args.shape, "drafter": args.drafter,
-                       "concurrency": args.concurrency, "epochs": args.epochs, "rounds": result.rounds,
+                       "concurrency": args.concurrency, "epochs": args.epochs, "context": result.context,
+                       "rounds": result.rounds,
                        "summary": result.summary(), "traces": result.traces}, f, indent=1)
     if args.plot:
         from dspark_lab.plots import plot_wallclock

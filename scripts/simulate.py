@@ -12,12 +12,15 @@ synthetic traces (seed-like, bimodal, drifting, drift: all then no drafts accept
     python scripts/simulate.py --t0-ms 15.4 --draft-ms 0.9 --verify-ms 7.5 --first-ms 2.7 \
         --confidence-auc 0.94 --max-k 2 --noisy-machine 8   # + costs learned on a noisy machine
     python scripts/simulate.py --dead-spots 24   # only: fresh engines where drafting never pays
+    python scripts/simulate.py --context [--steps 3000] [--context-costs seed|testbed]   # only: batches of
+        mixed contexts under a step cost with a context term (dspark_lab.simulate_context)
 """
 
 from __future__ import annotations
 
 import argparse
 
+from dspark_lab import simulate_context
 from dspark_lab.simulate import CostModel, NoisyMachine, compare, fresh_engine_drafting, replay_learning
 from dspark_lab.workloads import (
     ConfidenceModel,
@@ -61,9 +64,23 @@ def main() -> None:
     ap.add_argument("--dead-spots", type=int, default=0, metavar="SEEDS",
                     help="print only this: SEEDS fresh single-request engines per noise level on a machine where "
                          "drafting never pays (dspark_lab.simulate.fresh_engine_drafting): the steps they drafted on")
+    ap.add_argument("--context", action="store_true",
+                    help="print only this: batches of 2 and 4 requests of mixed contexts (1k-256k) under the "
+                         "seed box's step cost plus a context term: fixed k, phase 1/2, adaptive with context "
+                         "features off and on, vLLM-AV profiled at one context, FreeToken's width, the oracle "
+                         "(drafts with confidences of --confidence-auc, default 0.85 here)")
+    simulate_context.ContextCost.add_arguments(ap)
+    ap.add_argument("--steps", type=int, default=3000, help="--context: steps per mix and policy")
+    ap.add_argument("--seeds", type=int, default=2, help="--context: traces and noisy machines per mix, pooled")
+    ap.add_argument("--drafts", type=int, default=2, help="--context: drafts per step (DSpark's N on the seed box)")
+    ap.add_argument("--profile-context", type=int, default=simulate_context.PROFILE_CONTEXT,
+                    help="--context: the one context vLLM-AV profiles its costs at (vLLM's default 8192)")
     args = ap.parse_args()
     if args.dead_spots:
         print_dead_spots(args.dead_spots)
+        return
+    if args.context:
+        print_context(args)
         return
     cost = CostModel.from_arguments(args)
     print(f"cost model: T(k) = {cost.t0_ms} + {cost.draft_ms}*[drafting] + {cost.first_ms}*[k > 0] + "
@@ -97,6 +114,30 @@ def print_noisy(trace, cost: CostModel, features, seeds: int, n: int = 2) -> Non
         ratios.append(ours.tok_per_s / always.tok_per_s)
         print(f"     machine {seed}: {ours.tok_per_s:7.2f} tok/s, {ratios[-1]:.3f}; most idle {ours.most_idle}")
     print(f"     mean {sum(ratios) / len(ratios):.3f}")
+
+
+def print_context(args) -> None:
+    cost = simulate_context.ContextCost.from_arguments(args)
+    c = cost.cost
+    auc = 0.85 if args.confidence_auc is None else args.confidence_auc
+    print(f"step cost: T = {c.t0_ms} + {cost.request_ms}*(R-1) + {c.draft_ms}*[drafting] + {c.first_ms}*[any k>0] "
+          f"+ {cost.ctx_base_ns} ns*sum ctx + sum k_r*({c.verify_ms} ms + {cost.ctx_verify_ns} ns*ctx_r)  "
+          f"[{args.context_costs}; N={args.drafts}, confidences AUC {auc}, {args.steps} steps per policy "
+          f"and seed, {args.seeds} seeds pooled, noisy machines]")
+    summary = []
+    for title, names in simulate_context.MIXES.items():
+        prompts = [simulate_context.CONTEXTS[name] for name in names]
+        results = simulate_context.compare_mix(prompts, cost, args.steps, args.drafts, auc,
+                                               profile_context=args.profile_context, seeds=args.seeds)
+        print("\n" + simulate_context.table(f"{len(prompts)} requests: {title}", results))
+        summary.append((title, *(simulate_context.ratio(results, p) for p in (
+            "adaptive, context features on", "adaptive, context features off", "peer: vllm-av",
+            "peer: freetoken", "oracle, calibrated, context-blind"))))
+    print(f"\n{'÷ oracle':<24} {'adaptive ctx on':>15} {'>= 0.97':>7} {'ctx off':>7} {'vllm-av':>7} "
+          f"{'freetoken':>9} {'oracle ctx-blind':>16}")
+    for title, on, *others in summary:
+        print(f"{title:<24} {on:>15.3f} {'yes' if on >= 0.97 else 'NO':>7} "
+              + " ".join(f"{x:>{w}.3f}" for x, w in zip(others, (7, 7, 9, 16))))
 
 
 def print_dead_spots(seeds: int, steps: int = 1000, early: int = 200) -> None:

@@ -7,7 +7,9 @@ one process per setting (a fresh vLLM engine, in-process engine core) and sends 
 a pipe; only the engine asked works at any time, the others wait idle.
 
 Requests run through the engine's step API, one at a time (one user, as on the seed box) or
-several at once in a closed loop with staggered starts (``run(..., concurrency=N)``).  For every
+several at once in a closed loop with staggered starts (``run(..., concurrency=N)``), all with
+one prompt, or each slot of the loop with its own queue of prompts (``run(..., slots=...)``:
+long-context benchmarks keep a short and a long request in flight together).  For every
 engine step the worker records its wall time and the tokens it produced, and attributes the step
 to the phase each request was in when the step was scheduled (the step that produces
 ``</think>`` is reasoning time; a step shared by several requests is shared equally); tokens
@@ -35,6 +37,7 @@ class RequestTiming:
     steps: int = 0
     outputs: list[list[int]] = field(default_factory=list)  # every request's output
     parts: dict[str, float] = field(default_factory=dict)  # seconds per part of a step (``DSPARK_PART_TIMERS``)
+    origins: list[list[int]] = field(default_factory=list)  # per output: [slot, place in its queue] (``slots``)
 
     @property
     def total_tokens(self) -> int:
@@ -72,7 +75,7 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
             _PART_SECONDS = install()
         llm = LLM(**kwargs)
         engine = llm.llm_engine
-        conn.send({"ready": True})
+        conn.send({"ready": True, "info": _engine_info(engine)})
     except BaseException as exc:  # report, do not hang the parent
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
         return
@@ -88,13 +91,34 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
             estimate = getattr(hook.controller.policy, "estimate", None) if hook else None
             conn.send({"vllm": spec_counters(llm), "phases": hook.controller.stats.snapshot() if hook else None,
                        "live_states": len(hook.controller.states) if hook else None,
-                       "confidence": confidence_reports(hook), "estimate": estimate() if estimate else None})
+                       "confidence": confidence_reports(hook), "estimate": estimate() if estimate else None,
+                       "prefix_cache": _prefix_cache_counters(llm)})
             continue
         count = _run_closed_loop(engine, cmd, count, SamplingParams, TokensPrompt, conn)
     conn.close()
 
 
 _PART_SECONDS: dict[str, float] | None = None  # this worker's part timers, when installed
+
+
+def _engine_info(engine: Any) -> dict[str, Any]:
+    """The settings the engine runs with, as vLLM resolved them (defaults included)."""
+    config = getattr(engine, "vllm_config", None)
+    cache, model = getattr(config, "cache_config", None), getattr(config, "model_config", None)
+    scheduler = getattr(config, "scheduler_config", None)
+    return {"prefix_caching": getattr(cache, "enable_prefix_caching", None),
+            "max_model_len": getattr(model, "max_model_len", None),
+            "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None)}
+
+
+def _prefix_cache_counters(llm: Any) -> dict[str, float]:
+    """vLLM's prefix-cache counters: prompt tokens looked up and found cached (cumulative)."""
+    names = {"vllm:prefix_cache_queries": "queries", "vllm:prefix_cache_hits": "hits"}
+    out = {v: 0.0 for v in names.values()}
+    for metric in llm.get_metrics():
+        if metric.name in names:
+            out[names[metric.name]] = metric.value
+    return out
 
 
 def _run_closed_loop(engine: Any, cmd: dict[str, Any], count: int, sampling_params: Any, tokens_prompt: Any,
@@ -108,27 +132,49 @@ def _run_closed_loop(engine: Any, cmd: dict[str, Any], count: int, sampling_para
     Each step's wall time is shared equally among the requests in flight and attributed to the
     phase each was in when the step ran (the step that produces the end marker is reasoning
     time); tokens split at the marker, so per-phase token counts are exact.
+
+    ``cmd["slots"]`` (a list of ``concurrency`` prompt queues) instead of one prompt: slot ``s``
+    runs its queue in order, one request at a time, and a finished request is replaced by the
+    next of its own slot's queue, so the slots' mix of prompts holds while any queue has more
+    (``requests`` is then the queues' total); ``RequestTiming.origins`` says which slot and
+    queue place each output came from.
     """
     end_id, start_phase = cmd["end_id"], cmd["start_phase"]
-    total, concurrency = int(cmd.get("requests", 1)), max(1, int(cmd.get("concurrency", 1)))
+    queues: list[list[list[int]]] | None = cmd.get("slots")
+    concurrency = len(queues) if queues is not None else max(1, int(cmd.get("concurrency", 1)))
+    total = sum(len(q) for q in queues) if queues is not None else int(cmd.get("requests", 1))
     stagger = max(0, int(cmd.get("stagger", 0)))
     params = sampling_params(temperature=0.0, max_tokens=cmd["max_tokens"])
-    prompt = tokens_prompt(prompt_token_ids=cmd["prompt_ids"])
+    prompt = tokens_prompt(prompt_token_ids=cmd["prompt_ids"]) if queues is None else None
     timing = RequestTiming()
-    live: dict[str, list[Any]] = {}  # request id -> [phase, tokens seen]
+    live: dict[str, list[Any]] = {}  # request id -> [phase, tokens seen, slot]
     outputs: dict[str, list[int]] = {}
+    origins: dict[str, list[int]] = {}
+    taken = [0] * concurrency  # requests each slot has started
     started = steps_since_start = 0
 
-    def start() -> None:
+    def free_slot() -> int | None:
+        """The slot the next request goes to (None: every queue that has more is busy)."""
+        if queues is None:
+            return 0
+        busy = {state[2] for state in live.values()}
+        return next((s for s, q in enumerate(queues) if s not in busy and taken[s] < len(q)), None)
+
+    def start(slot: int) -> None:
         nonlocal count, started, steps_since_start
         count += 1
         started += 1
         steps_since_start = 0
         req_id = f"bench-{count}"
-        engine.add_request(req_id, prompt, params)
-        live[req_id] = [start_phase, 0]
+        ids = prompt if queues is None else tokens_prompt(prompt_token_ids=queues[slot][taken[slot]])
+        engine.add_request(req_id, ids, params)
+        live[req_id] = [start_phase, 0, slot]
+        origins[req_id] = [slot, taken[slot]]
+        taken[slot] += 1
 
-    start()
+    first = free_slot()
+    if first is not None:
+        start(first)
     parts = _PART_SECONDS
     while live:
         if parts is not None:
@@ -165,9 +211,13 @@ def _run_closed_loop(engine: Any, cmd: dict[str, Any], count: int, sampling_para
         while started < total and len(live) < concurrency:
             if started < concurrency and live and steps_since_start < stagger:
                 break  # the first requests start ``stagger`` steps apart
-            start()  # later ones replace a finished request at once
+            slot = free_slot()
+            if slot is None:
+                break
+            start(slot)  # later ones replace a finished request at once
             if started <= concurrency and stagger:
                 break
+    timing.origins = [origins[r] for r in outputs]
     timing.outputs = list(outputs.values())
     timing.output = timing.outputs[-1] if timing.outputs else []
     conn.send({"timing": timing.__dict__})
@@ -197,6 +247,7 @@ class EnginePool:
         ctx = mp.get_context("spawn")
         self.conns: dict[str, Any] = {}
         self.procs: dict[str, Any] = {}
+        self.info: dict[str, dict[str, Any]] = {}  # per engine: settings as vLLM resolved them
         if ballast:
             from dspark_lab.tiny_models import Script, build_target
 
@@ -213,19 +264,21 @@ class EnginePool:
                 if "error" in reply:
                     raise RuntimeError(f"engine {name!r} failed to start: {reply['error']}")
                 self.conns[name], self.procs[name] = parent, proc
+                self.info[name] = reply.get("info", {})
         except BaseException:
             self.close()
             raise
 
-    def run(self, name: str, prompt_ids: list[int], max_tokens: int, end_id: int,
+    def run(self, name: str, prompt_ids: list[int] | None, max_tokens: int, end_id: int,
             start_phase: str = "reasoning", requests: int = 1, concurrency: int = 1,
-            stagger: int = 0) -> RequestTiming:
+            stagger: int = 0, slots: list[list[list[int]]] | None = None) -> RequestTiming:
         """``requests`` copies of one request, at most ``concurrency`` in flight, the first ones
-        started ``stagger`` engine steps apart (see ``_run_closed_loop``)."""
+        started ``stagger`` engine steps apart; or, with ``slots``, one queue of prompts per slot
+        (``prompt_ids``, ``requests`` and ``concurrency`` then unused; see ``_run_closed_loop``)."""
         conn = self.conns[name]
         conn.send({"prompt_ids": prompt_ids, "max_tokens": max_tokens, "end_id": end_id,
                    "start_phase": start_phase, "requests": requests, "concurrency": concurrency,
-                   "stagger": stagger})
+                   "stagger": stagger, "slots": slots})
         return RequestTiming(**conn.recv()["timing"])
 
     def counters(self, name: str) -> dict[str, Any]:

@@ -12,6 +12,8 @@ Settings (each a live vLLM engine on the testbed target, ``draft_model`` drafter
   drafter's own confidences gate each step);
 - ``adaptive (no confidence)``: the same with ``adaptive.confidence`` off (acceptance estimates
   only), for comparison;
+- ``adaptive (no context)``: the same with ``adaptive.context_features`` off (one price per
+  verified draft, whatever its request's context), for comparison on long and mixed contexts;
 - ``vllm-av``, ``freetoken``, ``break-even``, ``p-min``: the peers' rules (``core/peers.py``) on
   the same drafter, N = 2.
 
@@ -24,6 +26,14 @@ drafter forward per drafted position) or
 as a Qwen3-MoE, which has the aux hidden states DFlash reads: one forward drafts every
 position, DSpark's cost shape); every setting, k = 0 included, runs on that drafter's target.
 
+``context`` (``dspark_lab.contexts``): ``short`` (the script's prompt, as always), ``long``
+(every prompt holds a document of at least 4,096 tokens of license text), ``mixed`` (short and
+long requests in flight together; concurrency 2 or more).  Long and mixed runs give every engine
+``max_model_len`` 8192, prefix caching on and long-position copies of the models, prime each
+engine with every document once (its prefill then stays out of the rounds), and default to
+``CONTEXT_SETTINGS`` (peers and an A/A pair included); the script's output is the same whatever
+the document, so the exactness check holds as for short prompts.
+
 Every round runs ``requests`` thinking-mode requests on every setting, one request at a time:
 one request per setting in a rotated order, ``requests`` times, so a slow spell of the shared
 machine hits every setting alike; the first ``warmup`` rounds are dropped.  Claims are medians of paired per-round
@@ -33,7 +43,6 @@ per-phase counts must equal vLLM's counters; both are checked and reported.
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -41,14 +50,21 @@ from pathlib import Path
 from typing import Any
 
 from dspark_dynamic.core.options import PEER_POLICIES
+from dspark_lab import contexts
 from dspark_lab.paired import paired_ratio, rotation, summarize
-from dspark_lab.simulate import CostModel, modeled_tok_per_s
 from dspark_lab.engine_pool import BALLAST, SMALL_KV_CACHE, EnginePool
 from dspark_lab.progress import ratios_so_far, track
 from dspark_lab.testbed import TESTBED_SCRIPT, MoEShape, build_moe_target, build_testbed_draft, prompt_ids
+from dspark_lab.wallclock_report import format_report, modeled  # noqa: F401  (the report, re-exported)
 
 PHASES = ("reasoning", "answer")
 DEFAULT_SETTINGS = ("fixed k=0", "fixed k=1", "fixed k=2", "phase 1/2", "adaptive", "adaptive (no confidence)")
+# Long and mixed contexts: the fixed depths, the depth-0 floor through the plugin, the phase
+# policy, adaptive with and without its context features, the peers named by issue #50 (vLLM's
+# adaptive verification with its one-context profile, FreeToken's per-width step times), and an
+# A/A pair (what the run cannot resolve).
+CONTEXT_SETTINGS = ("fixed k=0", "fixed k=1", "fixed k=2", "phase 0/0", "phase 1/2", "adaptive",
+                    "adaptive (no context)", "vllm-av", "freetoken", "fixed k=0 (copy)")
 SHAPES = {
     "default": MoEShape(),
     "narrow": MoEShape(experts=32, intermediate=4096, top_k=4),
@@ -61,6 +77,8 @@ SHAPES = {
 CLAIMS = (
     ("adaptive", "best of fixed k=0|fixed k=1|fixed k=2|phase 1/2"),
     ("adaptive (no confidence)", "best of fixed k=0|fixed k=1|fixed k=2|phase 1/2"),
+    ("adaptive", "adaptive (no context)"),
+    ("adaptive (no context)", "best of fixed k=0|fixed k=1|fixed k=2|phase 1/2"),
     ("phase 0/0", "fixed k=0"),
     *(("adaptive", peer) for peer in PEER_POLICIES),
     ("phase 1/2", "fixed k=2"),
@@ -114,14 +132,21 @@ def testbed_models(shape: MoEShape, drafter: str) -> tuple[str, dict[str, Any]]:
 
 
 def engine_specs(names: tuple[str, ...], trace_dir: Path | None, shape: MoEShape = MoEShape(),
-                 drafter: str = "draft_model") -> dict[str, dict[str, Any]]:
+                 drafter: str = "draft_model", context: str = "short") -> dict[str, dict[str, Any]]:
     """Each setting's engine arguments; a controlled engine writes its trace into ``trace_dir``
-    (None: no trace, as a user runs it; a trace costs the controlled engines host time)."""
+    (None: no trace, as a user runs it; a trace costs the controlled engines host time).
+    ``context`` long or mixed: ``contexts.ENGINE`` (max_model_len, prefix caching on) and the
+    models' long-position copies."""
     target, drafting = testbed_models(shape, drafter)
+    engine = dict(SMALL_KV_CACHE["engine"])
+    if context != "short":
+        target = str(contexts.long_context_copy(target))
+        drafting = {**drafting, "model": str(contexts.long_context_copy(drafting["model"]))}
+        engine.update(contexts.ENGINE)
     specs: dict[str, dict[str, Any]] = {}
     for full_name in names:
         name = base_setting(full_name)  # another engine of the same setting (A/A check)
-        spec: dict[str, Any] = {"model": target, **SMALL_KV_CACHE}
+        spec: dict[str, Any] = {"model": target, **SMALL_KV_CACHE, "engine": dict(engine)}
         if name.startswith("fixed k="):
             k = int(name.split("=")[1])
             if k:
@@ -139,6 +164,8 @@ def engine_specs(names: tuple[str, ...], trace_dir: Path | None, shape: MoEShape
                 options.update(policy="adaptive")
             elif name == "adaptive (no confidence)":
                 options.update(policy="adaptive", adaptive={"confidence": False})
+            elif name == "adaptive (no context)":
+                options.update(policy="adaptive", adaptive={"context_features": False})
             elif name in PEER_POLICIES:
                 options.update(policy=name)
             else:
@@ -159,6 +186,7 @@ class WallclockResult:
     rounds: list[dict[str, dict[str, Any]]] = field(default_factory=list)  # per round: setting -> measures
     checks: dict[str, Any] = field(default_factory=dict)
     traces: dict[str, str] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)  # long/mixed: classes, prompt lengths, prefix caching
 
     def tok_per_s(self, name: str, phase: str | None = None) -> list[float]:
         out = []
@@ -210,7 +238,7 @@ def start_order(settings: tuple[str, ...], epoch: int) -> tuple[str, ...]:
 def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12, requests: int = 2,
                   warmup: int = 1, log: Any = print, trace_dir: Path | None = None,
                   shape: MoEShape = MoEShape(), drafter: str = "draft_model", concurrency: int = 1,
-                  epochs: int = 1, trace: bool = False) -> WallclockResult:
+                  epochs: int = 1, trace: bool = False, context: str = "short") -> WallclockResult:
     """Start every setting's engine, then run interleaved rounds; returns the measured result.
 
     ``concurrency`` 1: each of a round's ``requests`` turns runs one request per setting.  N > 1:
@@ -227,14 +255,26 @@ def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12
     ``trace`` (or a ``trace_dir``): every controlled engine writes its per-step trace
     (``trace_path``), returned in ``traces``; off by default, since writing it costs the
     controlled engines, and only them, host time in every step (about 0.5 % at four requests in
-    flight on the narrow shape)."""
+    flight on the narrow shape).
+
+    ``context`` (``dspark_lab.contexts``): ``short`` as above; ``long`` or ``mixed``: each slot of
+    the closed loop runs prompts of its class (``slot_classes``, ``slot_queues``) from a fixed
+    set of documents, every engine first primed with each prompt once (prefix caching on: the
+    rounds then find each document's prefill cached); ``result.context`` says the classes, the
+    prompt lengths, whether prefix caching was on and how much of the rounds' prompts it found."""
     if epochs < 1 or epochs > rounds:
         raise ValueError(f"epochs must be in 1..rounds ({rounds}); got {epochs}")
+    classes = contexts.slot_classes(context, concurrency)  # refuses mixed at concurrency 1
+    prompts = None if context == "short" else contexts.testbed_prompts(TESTBED_SCRIPT, classes)
     tmp = None
     if trace and trace_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="wallclock-")
         trace_dir = Path(tmp.name)
     result = WallclockResult(list(settings), concurrency=concurrency)
+    if prompts is not None:
+        contexts.check_fits(prompts, len(TESTBED_SCRIPT.expected_output(thinking=True)) + 10)
+        result.context = {"context": context, "classes": list(classes), "prompt_tokens": contexts.lengths(prompts)}
+        log(f"context {context}: prompt tokens (min/median/max) {result.context['prompt_tokens']}")
     wrong: dict[str, int] = {}
     try:
         played = 0  # rounds run so far, warm-up included (the rotation carries on across epochs)
@@ -243,9 +283,16 @@ def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12
             measured = rounds // epochs + (1 if epoch < rounds % epochs else 0)
             where = f" (epoch {epoch + 1}/{epochs})" if epochs > 1 else ""
             log(f"starting {len(order)} engines side by side{where}: {', '.join(order)} ...")
-            with EnginePool(engine_specs(order, trace_dir, shape, drafter), ballast=BALLAST) as pool:
-                played = _run_rounds(pool, result, wrong, warmup, measured, requests, concurrency, played, log)
+            with EnginePool(engine_specs(order, trace_dir, shape, drafter, context), ballast=BALLAST) as pool:
+                primed = None
+                if prompts is not None:
+                    result.context["prefix_caching"] = contexts.prefix_caching_line(pool.info)
+                    primed = contexts.prime(pool, settings, prompts, log)
+                played = _run_rounds(pool, result, wrong, warmup, measured, requests, concurrency, played, log,
+                                     (classes, prompts) if prompts is not None else None)
                 _add_checks(pool, result)
+                if primed is not None:
+                    contexts.add_prefix_hits(pool, settings, primed, result.context)
         result.checks["outputs_identical_to_plain"] = not wrong
         result.checks["wrong_outputs"] = wrong
         for name in settings:
@@ -260,9 +307,11 @@ def run_wallclock(settings: tuple[str, ...] = DEFAULT_SETTINGS, rounds: int = 12
 
 
 def _run_rounds(pool: EnginePool, result: WallclockResult, wrong: dict[str, int], warmup: int, rounds: int,
-                requests: int, concurrency: int, played: int, log: Any) -> int:
+                requests: int, concurrency: int, played: int, log: Any,
+                workload: tuple[tuple[str, ...], dict[str, list[list[int]]]] | None = None) -> int:
     """``warmup`` dropped rounds, then ``rounds`` measured ones, appended to ``result``; returns
-    the rounds played in all so far (``played`` before)."""
+    the rounds played in all so far (``played`` before).  ``workload`` (slot classes, prompts per
+    class): a long or mixed context, each turn's slot queues from ``contexts.slot_queues``."""
     settings = result.settings
     end_id = TESTBED_SCRIPT.vocab()["</think>"]
     expected = TESTBED_SCRIPT.expected_output(thinking=True)
@@ -274,9 +323,13 @@ def _run_rounds(pool: EnginePool, result: WallclockResult, wrong: dict[str, int]
         measures = {name: {"tokens": {p: 0 for p in PHASES}, "seconds": {p: 0.0 for p in PHASES}, "steps": 0}
                     for name in settings}
         for rep in range(requests):  # one request per setting at a time, order rotated
-            for name in rotation(list(settings), (played + r) * requests + rep):
+            turn = (played + r) * requests + rep
+            queues = None
+            if workload is not None:  # every setting gets the same prompts in a turn
+                queues = contexts.slot_queues(*workload, turn, per_turn // len(workload[0]))
+            for name in rotation(list(settings), turn):
                 timing = pool.run(name, prompt, max_tokens, end_id, requests=per_turn,
-                                  concurrency=concurrency, stagger=stagger)
+                                  concurrency=concurrency, stagger=stagger, slots=queues)
                 bad = sum(1 for out in timing.outputs if out != expected)
                 if bad or len(timing.outputs) != per_turn:
                     wrong[name] = wrong.get(name, 0) + max(bad, 1)
@@ -329,49 +382,3 @@ def _added(a: Any, b: Any) -> Any:
     if isinstance(b, list):
         return [_added(a[i] if i < len(a) else None, b[i]) if i < len(b) else a[i] for i in range(max(len(a), len(b)))]
     return a + b
-
-
-def modeled(result: WallclockResult, cost: CostModel) -> dict[str, float]:
-    """The seed cost model's tok/s for each controlled setting, from its per-phase counts."""
-    out = {}
-    for name in result.settings:
-        phases = result.checks.get(f"{name}: phases")
-        if phases:
-            out[name] = modeled_tok_per_s(phases, cost)
-    return out
-
-
-def format_report(result: WallclockResult, cost: CostModel | None = None) -> str:
-    s = result.summary()
-    lines = [f"{'setting':<12} {'tok/s all':>22} {'reasoning':>10} {'answer':>10}   (medians over "
-             f"{len(result.rounds)} rounds)"]
-    for name, t in s["tok_per_s"].items():
-        a = t["all"]
-        lines.append(f"{name:<12} {a['median']:>8.2f} ({a['q1']:.1f}-{a['q3']:.1f}) "
-                     f"{t['reasoning']['median']:>10.2f} {t['answer']['median']:>10.2f}")
-    lines.append("paired ratios (median of per-round ratios, IQR):")
-    for key, r in s["ratios"].items():
-        lines.append(f"  {key:<34} {r['median']:.3f} (IQR {r['q1']:.3f}-{r['q3']:.3f})")
-    if cost is not None:
-        for name, tps in modeled(result, cost).items():
-            lines.append(f"  modelled on the seed box (T0={cost.t0_ms} ms): {name} {tps:.2f} tok/s")
-    for key, value in result.checks.items():
-        if key.endswith(": confidence"):
-            for phase, rep in value.items():
-                auc, ece = rep.get("auc"), rep.get("ece")
-                lines.append(
-                    f"  {key} [{phase}]: predicted/observed acceptance "
-                    f"{rep['predicted'] / max(rep['labels'], 1):.3f}/{rep['observed'] / max(rep['labels'], 1):.3f}, "
-                    f"AUC {'n/a' if auc is None else f'{auc:.3f}'}, ECE {'n/a' if ece is None else f'{ece:.3f}'}, "
-                    f"labels {rep['labels']}")
-        elif key.endswith(": estimate"):
-            name = key.removesuffix(": estimate")
-            for phase, ratios in value.items():
-                measured = {vs: result.claim(name, other)[1] for vs, other in (("plain", "fixed k=0"), ("fixed", "fixed k=2"))}
-                said = ", ".join(f"{r:.3f}x {vs}" + (f" (measured over all: {measured[vs].median:.3f})"
-                                                    if phase == "all" and measured[vs] is not None else "")
-                                 for vs, r in ratios.items())
-                lines.append(f"  {name}: live estimate [{phase}]: {said}")
-    lines.append("checks: " + json.dumps({k: v for k, v in result.checks.items() if not k.endswith("phases")
-                                          and not k.endswith("confidence") and not k.endswith("estimate")}))
-    return "\n".join(lines)

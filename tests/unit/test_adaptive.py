@@ -530,3 +530,58 @@ def test_the_live_estimate_counts_the_requests_live_at_a_steps_output():
         p.account_step(0.010, {"a": (R, 0), "b": (A, 0)}, {"a": 1})
     est = p.estimate()
     assert "reasoning" in est and "answer" not in est
+
+
+def learn_contexts(p, rng, steps=1500):
+    """Feed ``p`` decode steps of batches of a short (200-token) and a long (8k-token) request: a
+    step costs 10 ms, 1 ms per request and per 1k tokens read, drafting 2 ms and 0.5 ms per
+    position, and a verified draft 1 ms plus 4 ms per 1k tokens of its own request's context;
+    drafts are accepted at 60 % per position."""
+    contexts = {"short": 200, "long": 8000}
+    for _ in range(steps):
+        batch = rng.choice((["short"], ["long"], ["short", "long"]))
+        d = rng.choice((0, 1, 2))
+        vs = {r: rng.randint(0, d) for r in batch}
+        ms = (10.0 + 1.0 * len(batch) + sum(contexts[r] for r in batch) / 1e3 + (2.0 + 0.5 * d if d else 0.0)
+              + sum(v * (1.0 + 4.0 * contexts[r] / 1e3) for r, v in vs.items()))
+        for r, v in vs.items():
+            p.observe(A, v, sum(1 for _ in range(v) if rng.random() < 0.6), r)
+        p.observe_step(ms / 1e3 * rng.uniform(0.98, 1.02), sum(vs.values()), len(batch), d,
+                       context=sum(contexts[r] for r in batch),
+                       verified_context=sum(v * contexts[r] for r, v in vs.items()))
+    return contexts
+
+
+def test_a_short_requests_drafts_are_verified_and_a_long_ones_are_not_where_context_makes_them_dear():
+    """Priced at its own context, a long request's verified draft costs ~33 ms against ~12 ms for
+    the step: the gate verifies the short request's drafts and not the long one's; without the
+    context features both requests' drafts are priced alike, and get the same depth."""
+    rng = random.Random(4)
+    on, off = policy(confidence=False), policy(confidence=False, context_features=False)
+    for p in (on, off):
+        contexts = learn_contexts(p, rng)
+        assert p.ready(A)
+    assert off.contexts is None
+    short_long = {"on": [], "off": []}
+    for _ in range(40):
+        for name, p in (("on", on), ("off", off)):
+            p.begin_step()
+            if p.contexts is not None:
+                p.contexts.update(contexts)
+            short_long[name].append(tuple(p.gate([(A, "short", None, 2), (A, "long", None, 2)])))
+    on_short = sum(s for s, _l in short_long["on"])
+    on_long = sum(l for _s, l in short_long["on"])
+    assert on_short >= 40 and on_long <= 4  # ~1-2 drafts of the short request, the long one's rarely
+    assert all(s == l for s, l in short_long["off"])  # alike without context
+
+
+def test_the_plan_drafts_for_a_short_request_and_not_for_a_long_one_alone():
+    rng = random.Random(8)
+    p = policy(confidence=False)
+    contexts = learn_contexts(p, rng)
+    depths = {}
+    for req in ("short", "long"):
+        p.contexts.clear()
+        p.contexts[req] = contexts[req]
+        depths[req] = [plan(p, [(A, req)])[0] for _ in range(20)]
+    assert sum(depths["short"]) > 20 and sum(depths["long"]) <= 4

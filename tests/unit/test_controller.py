@@ -254,3 +254,55 @@ def test_plan_drafts_reuses_the_phase_found_this_step_until_the_output_grows():
     newcomer = FakeRequest("b", [1, S])  # scheduled without having been in ``running``
     assert ctl.plan_drafts([newcomer]) == 1
     assert counting.advanced == 3
+
+
+class ContextPolicy(PhasePolicy):
+    """The phase policy, reading contexts: remembers them at each depth() call, and every step."""
+
+    def __init__(self):
+        super().__init__(2, 2)
+        self.contexts, self.seen, self.steps = {}, [], []
+
+    def depth(self, phase, request_id=None):
+        self.seen.append((request_id, self.contexts.get(request_id)))
+        return super().depth(phase, request_id)
+
+    def observe_step(self, seconds, verified_tokens, num_requests, draft_depth, context=0, verified_context=0):
+        self.steps.append((verified_tokens, context, verified_context))
+
+
+def test_a_policy_that_reads_contexts_gets_each_requests_context_and_each_steps():
+    """Before a step's decisions, each request's prompt and output tokens; after it, the step's
+    context and its verified drafts times their requests' contexts, a request freed before its
+    last output counted at its last context."""
+    from dspark_dynamic.core.controller import StepTiming
+
+    policy = ContextPolicy()
+    ctl = DepthController(RULES, policy)
+    short = FakeRequest("s", [1] * 10 + [E], output_token_ids=[3, 4], spec_token_ids=[7, 8])
+    long = FakeRequest("l", [1] * 4000 + [E], output_token_ids=[3], spec_token_ids=[7, 8])
+    long.num_prompt_tokens = 4001  # vLLM's Request says so (a prompt of embeddings has no ids)
+    decisions = ctl.before_schedule([short, long])
+    assert policy.contexts == {"s": 13, "l": 4002}
+    ctl.plan_drafts([short, long])
+    assert ("s", 13) in policy.seen and ("l", 4002) in policy.seen
+    ctl.forget("l")  # finished: vLLM frees it before its last output is accounted
+    assert "l" not in policy.contexts
+    ctl.after_output(decisions, {"s": (2, 1), "l": (2, 0)}, {"s": 2}, step=StepTiming(0.02, True, 2, 2))
+    assert policy.steps == [(4, 13 + 4002, 2 * 13 + 2 * 4002)]
+    short.output_token_ids += [5, 6]
+    short.spec_token_ids = [7, 8]
+    decisions = ctl.before_schedule([short])
+    ctl.after_output(decisions, {"s": (1, 1)}, {"s": 2}, step=StepTiming(0.02, True, 1, 2))
+    assert policy.steps[-1] == (1, 15, 15)  # the freed request counted once, not again
+
+
+def test_a_policy_without_contexts_gets_the_step_as_before():
+    from dspark_dynamic.core.controller import StepTiming
+
+    policy = RecordingPolicy(2, 2)
+    ctl = DepthController(RULES, policy)
+    req = FakeRequest("a", [1, E], spec_token_ids=[7, 8])
+    decisions = ctl.before_schedule([req])
+    ctl.after_output(decisions, {"a": (2, 2)}, {"a": 3}, step=StepTiming(0.02, True, 1, 2))
+    assert policy.steps == [(0.02, 2, 1, 2)]

@@ -14,9 +14,12 @@ from dspark_dynamic.core.costs import (
     RESUMED,
     STEP,
     VERIFIED,
+    CONTEXT,
+    VERIFIED_CONTEXT,
     Shape,
     ShapeTable,
     StepCost,
+    context_units,
     features,
 )
 
@@ -209,3 +212,73 @@ def test_the_draws_factor_is_the_covariances_own_cholesky_factor():
     rows = model._low
     assert [len(row) for row in rows] == list(range(1, costs.N_FEATURES + 1))
     assert all(row[-1] > 0.0 for row in rows)  # a positive diagonal: the unique Cholesky factor
+
+
+def test_context_units_round_to_a_few_percent_and_grow_with_the_context():
+    assert context_units(0) == 0.0
+    for tokens in (1, 200, 1000, 4350, 65_536, 262_144, 999_999):
+        u = context_units(tokens)
+        assert u == pytest.approx(tokens / costs.CONTEXT_UNIT, rel=0.0625)
+    units = [context_units(t) for t in range(100, 300_000, 997)]
+    assert units == sorted(units)
+    assert len(set(context_units(t) for t in range(4000, 4400))) <= 3  # a growing context: a few shapes
+
+
+def context_step(rng, contexts):
+    """One decode step of a batch whose requests read ``contexts`` tokens: a testbed-like base,
+    1 ms per 1k tokens of context read, and 2 ms per verified draft plus 1.5 ms per 1k tokens of
+    its own request's context (what the issue measured: free at 200 tokens, dear at 4k)."""
+    vs = [rng.randint(0, 2) for _ in contexts]
+    d = 2
+    u = [c / costs.CONTEXT_UNIT for c in contexts]
+    seconds = (4e-3 + 1.5e-3 * len(contexts) + 1.2e-3 + 0.8e-3 + 1e-3 * sum(u) + 2e-3 * sum(vs)
+               + 1.5e-3 * sum(v * x for v, x in zip(vs, u)) + (1e-3 if sum(vs) else 0.0))
+    verified_context = sum(v * c for v, c in zip(vs, contexts))
+    shape = Shape(len(contexts), sum(vs), d, context=context_units(sum(contexts)),
+                  verified_context=context_units(verified_context))
+    return shape, seconds
+
+
+def test_learns_what_a_verified_draft_costs_at_its_own_requests_context():
+    """Batches of one short and one long request (and each alone): the fit prices a verified draft
+    by its request's context, and the step's base by the context it reads."""
+    model = StepCost()
+    rng = random.Random(3)
+    for _ in range(3000):
+        contexts = rng.choice(([200], [4350], [200, 4350], [200, 200], [4350, 8000]))
+        contexts = [c + rng.randint(0, 300) for c in contexts]
+        shape, seconds = context_step(rng, contexts)
+        model.learn_one(shape, seconds + rng.gauss(0.0, 0.2e-3))
+    model.solve()
+    assert model.mean[VERIFIED_CONTEXT] == pytest.approx(1.5e-3, rel=0.15)
+    assert model.mean[CONTEXT] == pytest.approx(1e-3, rel=0.25)
+    assert model.mean[VERIFIED] == pytest.approx(2e-3, abs=0.4e-3)
+
+
+def test_a_shapes_contexts_share_its_evidence():
+    """One shape's steps spread over many contexts weigh in the posterior about as much as
+    ``SHAPE_EVIDENCE`` steps of that shape at one context, not that many per context: the price
+    of two verified drafts at the middle context is no surer than the cap allows."""
+    spread, one = StepCost(), StepCost()
+    rng = random.Random(5)
+    middle = 1000 + 7 * 1000
+    noise = 0.5e-3
+    for i in range(2000):
+        for model, context in ((spread, 1000 + 7 * i), (one, middle)):
+            v = 2 * (i % 2)
+            shape = Shape(1, v, 2, context=context_units(context), verified_context=context_units(v * context))
+            model.learn_one(shape, 0.01 + 0.002 * v + rng.gauss(0.0, noise))
+    spread.solve()
+    one.solve()
+    u = context_units(middle)
+    diff = features(Shape(1, 2, 2, context=u, verified_context=context_units(2 * middle)))
+    base = features(Shape(1, 0, 2, context=u))
+    sds = []
+    for model in (spread, one):
+        draws = [sum((a - b) * t for a, b, t in zip(diff, base, model.sample(rng))) for _ in range(2000)]
+        sds.append(statistics.stdev(draws))
+    evidence_sd = noise * (2.0 / costs.SHAPE_EVIDENCE) ** 0.5
+    assert sds[1] == pytest.approx(evidence_sd, rel=0.35)
+    # spread over 62 contexts: no narrower (uncapped per context it would be ~5x narrower); wider,
+    # as the split between the per-draft price and its context price is less certain
+    assert sds[1] * 0.7 < sds[0] < sds[1] * 4.0

@@ -102,11 +102,12 @@ def test_uniform_admission_of_one_request_is_the_best_depth(uniform):
 
 
 
-def flat_gains(per_position, share=1.0):
+def flat_gains(per_position, share=1.0, verify=0.4):
     """``gains_at`` for requests whose drafts are sure (survival ``s``) or hopeless: gain
-    ``(s - price)^+`` per request and position, summed."""
+    ``(s - rate * verify)^+`` per request and position, summed."""
 
-    def gains_at(price):
+    def gains_at(rate):
+        price = rate * verify
         gains = [sum(max(0.0, s - price) for s in pos) for pos in per_position]
         counts = [sum(1.0 if s > price else 0.0 for s in pos) for pos in per_position]
         any_first = 1.0 if counts and counts[0] else 0.0
@@ -118,12 +119,12 @@ def flat_gains(per_position, share=1.0):
 def test_drafting_depth_drafts_the_positions_that_pay_for_drafting_and_verifying_them():
     # one request, a plain step of 1: a verified draft costs 0.4, drafting 0.1 per position
     gains = flat_gains([[0.9], [0.8], [0.3]])
-    assert drafting_depth(1, 1.0, 0.4, 0.0, [0.0, 0.1, 0.2, 0.3], gains) == 2
+    assert drafting_depth(1, 1.0, 0.0, [0.0, 0.1, 0.2, 0.3], gains) == 2
     # drafting costs a whole step: nothing pays for it
-    assert drafting_depth(1, 1.0, 0.4, 0.0, [0.0, 1.0, 1.1, 1.2], gains) == 0
+    assert drafting_depth(1, 1.0, 0.0, [0.0, 1.0, 1.1, 1.2], gains) == 0
     # with a floor of 1 the drafter runs anyway, and a second position pays its own 0.1
-    assert drafting_depth(1, 1.0, 0.4, 0.0, [0.0, 1.0, 1.1, 1.2], gains, lo=1) == 2
-    assert drafting_depth(1, 1.0, 0.4, 0.0, [0.0, 1.0, 1.1, 1.2], flat_gains([[0.9], [0.2]]), lo=1) == 1
+    assert drafting_depth(1, 1.0, 0.0, [0.0, 1.0, 1.1, 1.2], gains, lo=1) == 2
+    assert drafting_depth(1, 1.0, 0.0, [0.0, 1.0, 1.1, 1.2], flat_gains([[0.9], [0.2]]), lo=1) == 1
 
 
 def test_drafting_is_priced_at_what_the_whole_batch_pays():
@@ -132,14 +133,53 @@ def test_drafting_is_priced_at_what_the_whole_batch_pays():
     pays for it; drafting each request at its own share of the step would."""
     drafting = [0.0, 0.9, 1.0, 1.1]  # the drafter, run for all four, costs 0.9 of a plain step
     one = flat_gains([[0.85, 0.0, 0.0, 0.0]])
-    assert drafting_depth(4, 4.0, 0.4, 0.0, drafting, one) == 0
+    assert drafting_depth(4, 4.0, 0.0, drafting, one) == 0
     alone = flat_gains([[0.85]])
-    assert drafting_depth(1, 1.0, 0.4, 0.0, [0.0, 0.225, 0.25, 0.275], alone) == 1  # the per-request share
+    assert drafting_depth(1, 1.0, 0.0, [0.0, 0.225, 0.25, 0.275], alone) == 1  # the per-request share
     everyone = flat_gains([[0.95] * 4, [0.9] * 4])
-    assert drafting_depth(4, 4.0, 0.4, 0.0, drafting, everyone) == 2
+    assert drafting_depth(4, 4.0, 0.0, drafting, everyone) == 2
 
 
 def test_a_first_verified_term_is_paid_once_per_step():
-    gains = flat_gains([[0.6]])
-    assert drafting_depth(1, 1.0, 0.3, 0.0, [0.0, 0.05, 0.1], gains) == 1
-    assert drafting_depth(1, 1.0, 0.3, 0.5, [0.0, 0.05, 0.1], gains) == 0
+    gains = flat_gains([[0.6]], verify=0.3)
+    assert drafting_depth(1, 1.0, 0.0, [0.0, 0.05, 0.1], gains) == 1
+    assert drafting_depth(1, 1.0, 0.5, [0.0, 0.05, 0.1], gains) == 0
+
+
+def test_admission_ranks_drafts_by_survival_per_unit_of_their_own_verify_time():
+    """A short-context request's draft (cheap to verify) is admitted before a long-context
+    request's draft of higher survival (dear to verify), where only one of them pays."""
+    # short: survival 0.5 at 0.1 per draft (5 tokens per unit); long: 0.7 at 0.65 (1.08 per unit):
+    # the long one alone would pay (the step's rate is 1), not after the short one (2.5 / 2.1)
+    assert admit([[0.7]], 1.0, [0.65]) == [1]
+    assert admit([[0.5], [0.7]], 2.0, [0.1, 0.65]) == [1, 0]
+    # priced alike, the higher survival comes first and both pay
+    assert admit([[0.5], [0.7]], 2.0, [0.1, 0.1]) == [1, 1]
+    # the exact best set, against brute force over prefixes, on random batches
+    rng = random.Random(7)
+    for _ in range(300):
+        rows = [sorted((rng.random() for _ in range(rng.randint(0, 3))), reverse=True) for _ in range(3)]
+        verify = [rng.uniform(0.02, 1.0) for _ in rows]
+        base = rng.uniform(1.0, 3.0)
+        got = admit(rows, base, verify)
+
+        def rate(ks):
+            return (3 + sum(sum(r[:k]) for r, k in zip(rows, ks))) / (base + sum(v * k for v, k in zip(verify, ks)))
+
+        best = max(rate((a, b, c)) for a in range(len(rows[0]) + 1) for b in range(len(rows[1]) + 1)
+                   for c in range(len(rows[2]) + 1))
+        assert rate(got) == pytest.approx(best)
+    # one depth for all (uniform): verified drafts priced per request
+    assert admit([[0.5, 0.4], [0.5, 0.4]], 2.0, [0.05, 2.0], uniform="max") == [0, 0]
+    assert admit([[0.5, 0.4], [0.5, 0.4]], 2.0, [0.05, 0.05], uniform="max") == [2, 2]
+
+
+def test_drafting_prices_each_request_at_its_own_verify_time():
+    """Two requests with sure drafts: one cheap to verify, one dear. The drafter drafts where
+    the cheap one's gain pays, and deeper only if both would be verified at a shared price."""
+    from dspark_dynamic.core.decide import gated_gains
+
+    rows = [[1, [0.9, 0.81], None, None, None, 0.1], [1, [0.9, 0.81], None, None, None, 2.0]]
+    gains, counts, share = gated_gains(rows, 2, 0.5)  # rate 0.5 tokens/unit: prices 0.05 and 1.0
+    assert counts == [1.0, 1.0] and share == 1.0
+    assert gains == pytest.approx([0.85, 0.76])

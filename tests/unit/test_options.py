@@ -52,6 +52,8 @@ def test_marker_sequences_resets_and_default_phase_round_trip():
         ({"reasoning_dept": 1}, 2, "reasoning_dept"),
         ({"adaptive": {"window": 0.5}}, 2, "adaptive.window"),
         ({"adaptive": {"bogus": 1}}, 2, "adaptive.bogus"),
+        ({"adaptive": {"context_features": "no"}}, 2, "adaptive.context_features"),
+        ({"adaptive": {"confidence": 1}}, 2, "adaptive.confidence"),
         ({"log_interval_s": float("nan")}, 2, "log_interval_s"),
         ({"skip_idle_drafter": "yes"}, 2, "skip_idle_drafter"),
         ("reasoning_depth=1", 2, "dspark_dynamic"),
@@ -89,3 +91,9 @@ def test_unknown_adaptive_knobs_are_refused_by_name(knob):
 @pytest.mark.parametrize("policy", ["vllm-av", "freetoken", "break-even", "p-min"])
 def test_the_peers_rules_are_policies(policy):
     assert parse_options({"policy": policy}, 2).policy == policy
+
+
+def test_context_features_are_on_unless_switched_off():
+    assert parse_options({"policy": "adaptive"}, 2).adaptive.context_features is True
+    off = parse_options({"policy": "adaptive", "adaptive": {"context_features": False}}, 2)
+    assert off.adaptive.context_features is False

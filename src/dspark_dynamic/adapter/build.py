@@ -36,6 +36,7 @@ from dspark_dynamic.core.options import (
     DynamicDepthOptions,
     parse_options,
 )
+from dspark_dynamic.core.phase import Phase
 from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, PhasePolicy
 from dspark_dynamic.core.request_policy import server_label
 from dspark_dynamic.core.stats import PhaseStats
@@ -140,7 +141,16 @@ def build_policy(options: DynamicDepthOptions, drafter_catches_up: bool = False,
     if options.policy == "adaptive":
         from dspark_dynamic.core.adaptive import AdaptivePolicy
 
-        return AdaptivePolicy.from_options(options, drafter_catches_up, idle_drafter_runs)
+        a = options.adaptive
+        return AdaptivePolicy(
+            options.num_speculative_tokens,
+            {Phase.REASONING: options.reasoning_depth, Phase.ANSWER: options.answer_depth},
+            min_depth=a.min_depth, verify_cost_ratio=a.verify_cost_ratio, draft_cost_ratio=a.draft_cost_ratio,
+            draft_token_cost_ratio=a.draft_token_cost_ratio or 0.0, learn_cost=a.learn_cost,
+            prior_weight=a.prior_weight, window=a.window, confidence=a.confidence,
+            drafter_catches_up=drafter_catches_up, idle_drafter_runs=idle_drafter_runs,
+            context_features=a.context_features,
+        )
     if options.policy in PEER_POLICIES:
         from dspark_dynamic.core.peers import PEERS
 

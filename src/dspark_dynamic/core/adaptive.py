@@ -1,16 +1,14 @@
 """Adaptive depth: one cost model of the step, one decision per step for the batch (pure logic).
 
-The learning room, as three pieces and this glue:
-- ``costs.StepCost``: a step's time from what it carries (requests, drafts verified, whether any
-  is, whether the drafter runs, positions drafted, a drafter resuming after idle steps), a
-  Bayesian linear regression with forgetting and clipped residuals;
-- ``acceptance``: per phase, each position's acceptance rate (a Beta posterior that fades with
-  the phase's request-steps), the persistence of outcomes and each request's recent record;
-  with draft confidences, the phase's calibrator (``confidence.ConfidenceCalibrator``) and the
-  survivals its gate saw;
-- ``decide``: ``admit`` (which drafts this step verifies) and ``drafting_depth`` (how deep the
-  batch drafts next), both maximising expected tokens per expected second;
-- ``estimate``: the live estimate against plain decoding and the fixed depth.
+The learning room: ``costs.StepCost`` (a step's time from what it carries, each verified draft
+priced at its request's context: a Bayesian linear regression), ``acceptance`` (per phase, each
+position's rate, the persistence of outcomes, each request's record; with draft confidences the
+phase's ``confidence.ConfidenceCalibrator``), ``decide`` (``admit``: what this step verifies,
+ranked by survival per unit of each draft's own verify time; ``drafting_depth``: how deep the
+batch drafts next; both maximise expected tokens per expected second), ``estimate`` (the live
+estimate against plain decoding and the fixed depth), and this glue.  ``contexts`` (set by the
+caller per request before a step's gate and plan) feeds the context features; without it
+(``context_features=False``) every request's drafts are priced alike.
 
 Each step decides under one draw of the costs, of each phase's rates and calibrator and of each
 request's own record (Thompson sampling; a draw holds ``DRAW_EVERY`` steps, a request's until it
@@ -39,14 +37,15 @@ step; none is tuned to a testbed): ``DRAW_EVERY`` (here), ``costs.SOLVE_EVERY`` 
 from __future__ import annotations
 
 import random
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from dspark_dynamic.core.acceptance import (GateSample, Persistence, PositionRates, RequestRecord, logit, shifted,
                                              shifted_survival, sigmoid, survival)
 from dspark_dynamic.core.confidence import ConfidenceCalibrator
-from dspark_dynamic.core.costs import DRAFTED, DRAFTED_ALL, DRAFTER, FIRST, REQUEST, RESUMED, STEP, VERIFIED, StepCost
+from dspark_dynamic.core.costs import (CONTEXT, DRAFTED, DRAFTED_ALL, DRAFTER, FIRST, REQUEST, RESUMED, STEP, VERIFIED,
+                                       VERIFIED_CONTEXT, StepCost, context_units)
 from dspark_dynamic.core.decide import admit, drafting_depth, gated_gains
-from dspark_dynamic.core.estimate import SpeedEstimate, fixed_yield
+from dspark_dynamic.core.estimate import LiveEstimate, fixed_yield
 from dspark_dynamic.core.phase import Phase
 
 # Labels before a phase's calibrator leaves its prior's guess (until then the phase verifies and
@@ -77,7 +76,8 @@ class AdaptivePolicy:
     def __init__(self, num_speculative_tokens: int, default_depths: dict[Phase, int], min_depth: int = 0,
                  verify_cost_ratio: float = 0.5, draft_cost_ratio: float = 0.04, draft_token_cost_ratio: float = 0.0,
                  learn_cost: bool = True, prior_weight: float = 20.0, window: float = 400.0, confidence: bool = True,
-                 seed: int = 0, drafter_catches_up: bool = False, idle_drafter_runs: bool = False) -> None:
+                 seed: int = 0, drafter_catches_up: bool = False, idle_drafter_runs: bool = False,
+                 context_features: bool = True) -> None:
         self.n = num_speculative_tokens
         self.min_depth = min(min_depth, self.n)
         self.defaults = {p: min(max(k, self.min_depth), self.n) for p, k in default_depths.items()}
@@ -94,9 +94,10 @@ class AdaptivePolicy:
         self.min_labels = MIN_LABELS
         self.gated = {p: GateSample(self.n) for p in Phase}
         self.offsets: dict[str, list[float] | None] = {}  # per request: the offsets of its last gate
-        self.speed = SpeedEstimate(self.n)
-        self._sampler = random.Random(seed + 1)  # which steps ``account_step`` keeps
-        self._account_in = 1  # steps until ``account_step`` keeps one
+        self.speed = LiveEstimate(self.n, DRAW_EVERY, seed + 1)  # (``account_step``)
+        # per request, the tokens in its context, set by the caller before each step's gate and plan
+        # (None: the policy prices every request's drafts alike, whatever their context)
+        self.contexts: dict[str, int] | None = {} if context_features else None
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
         self._draws: dict[Phase, _PhaseDraw] = {}  # the current draw of each phase's rates
@@ -114,19 +115,6 @@ class AdaptivePolicy:
         self._yields: dict[Phase, float] = {}  # ``estimate.fixed_yield`` per phase, this draw
         self._last_drafted = -1  # the drafter's depth in the previous step (-1: none seen)
         self._drafting_now = 0.0  # what the drafting planned for this step costs it
-
-    @classmethod
-    def from_options(cls, options: Any, drafter_catches_up: bool = False,
-                     idle_drafter_runs: bool = False) -> "AdaptivePolicy":
-        a = options.adaptive
-        return cls(
-            options.num_speculative_tokens,
-            {Phase.REASONING: options.reasoning_depth, Phase.ANSWER: options.answer_depth},
-            min_depth=a.min_depth, verify_cost_ratio=a.verify_cost_ratio, draft_cost_ratio=a.draft_cost_ratio,
-            draft_token_cost_ratio=a.draft_token_cost_ratio or 0.0, learn_cost=a.learn_cost,
-            prior_weight=a.prior_weight, window=a.window, confidence=a.confidence,
-            drafter_catches_up=drafter_catches_up, idle_drafter_runs=idle_drafter_runs,
-        )
 
     # -- the step's draws ---------------------------------------------------------------
 
@@ -208,16 +196,29 @@ class AdaptivePolicy:
         if fresh:  # learn without losing: every request's default positions are drafted
             depth = max(self.defaults[p] for p, _ in rows)
             kept = (depth, self._terms(requests)[1][depth])
-        elif (kept := self._plans.get(key := self._plan_key(rows))) is None:
-            (base, verify, first), drafting = self._terms(requests)
-            depth = drafting_depth(requests, base, verify, first, drafting, self._gains_for(rows), self.min_depth)
-            kept = self._plans[key] = (depth, drafting[depth])
+        else:
+            units = [context_units(self.contexts.get(r, 0)) for _p, r in rows] if self.contexts else None
+            if (kept := self._plans.get(key := self._plan_key(rows, units))) is None:
+                (base, verify, first), drafting = self._terms(requests)
+                base, verify = self._priced(base, verify, units)
+                depth = drafting_depth(requests, base, first, drafting, self._gains_for(rows, verify), self.min_depth)
+                kept = self._plans[key] = (depth, drafting[depth])
         self._drafting_now = kept[1]
         return [kept[0]] * requests
 
-    def _plan_key(self, rows: list[tuple[Phase, str | None]]) -> tuple:
-        """What a batch's drafting decision depends on under the current draws: how many requests
-        are their phase's, the own draws of the others, whether the drafter resumes."""
+    def _priced(self, base: float, verify: float, units: list[float] | None) -> tuple[float, float | list[float]]:
+        """This draw's base and per-request verify times at ``units`` of context (totals floored, not terms)."""
+        if not units:
+            return base, verify
+        t, floor = self._theta, 0.05 * self.cost.scale * len(units)
+        base = t[STEP] + t[REQUEST] * len(units) + t[CONTEXT] * sum(units)
+        return (base if base > floor else floor), [max(t[VERIFIED] + t[VERIFIED_CONTEXT] * u, 0.0) for u in units]
+
+    def _plan_key(self, rows: list[tuple[Phase, str | None]], units: list[float] | None = None) -> tuple:
+        """What a batch's drafting decision depends on under the current draws: how many requests are
+        their phase's, the others' own draws, whether the drafter resumes (and contexts, if priced)."""
+        if units:
+            return tuple(sorted(zip((p.value for p, _r in rows), units))), self._plan_key(rows)
         reasoning = answer = 0
         own = []
         for phase, req in rows:
@@ -229,28 +230,31 @@ class AdaptivePolicy:
                 answer += 1
         return answer, reasoning, self.drafter_catches_up and self._last_drafted == 0, *own
 
-    def _gains_for(self, rows: list[tuple[Phase, str | None]]):
-        """``gains_at(price)`` of ``decide.drafting_depth`` for these requests: per request and
+    def _gains_for(self, rows: list[tuple[Phase, str | None]], verify: float | list[float]):
+        """``gains_at(rate)`` of ``decide.drafting_depth`` for these requests: per request and
         position, its phase's recent gated drafts under the request's drawn shifts (with
-        confidences), else its drawn survival, as if sure or hopeless."""
+        confidences), else its drawn survival, as if sure or hopeless; each priced at its verify
+        time (``verify``: one for all, or one per row)."""
         n = self.n
-        per_row = []  # (multiplicity, drawn survival, price moves, gated sample, recent survivals)
-        by_phase: dict[Phase, list] = {}  # requests that are their phase share one row
+        per_row = []  # (multiplicity, drawn survival, price moves, gated sample, recent survivals, verify)
+        by_phase: dict[tuple[Phase, float], list] = {}  # requests of one phase and price share one row
         gating = self.confidence_seen
-        for phase, req in rows:
+        for i, (phase, req) in enumerate(rows):
+            v = verify if isinstance(verify, float) else verify[i]
             shifts, own = self._shifts(phase, req)
             if not own:  # the phase's draw: its gated drafts, the price moved by the draw
-                row = by_phase.get(phase)
+                row = by_phase.get((phase, v))
                 if row is None:
                     draw = self._draw(phase)
-                    row = by_phase[phase] = [0, draw.drawn_survival, draw.moved, self.gated[phase] if gating else None, None]
+                    row = by_phase[phase, v] = [0, draw.drawn_survival, draw.moved,
+                                                self.gated[phase] if gating else None, None, v]
                     per_row.append(row)
                 row[0] += 1
                 continue
             drawn = survival([sigmoid(logit(a) + d) for a, d in zip(self._draw(phase).mean, shifts)])
             recent = self.gated[phase].survivals(shifts, n) if gating else None
-            per_row.append([1, drawn, None, None, recent])  # the request's shifts on each gated draft
-        return lambda price: gated_gains(per_row, n, price)
+            per_row.append([1, drawn, None, None, recent, v])  # the request's shifts on each gated draft
+        return lambda rate: gated_gains(per_row, n, rate)
 
     def _shifts(self, phase: Phase, req: str | None) -> tuple[list[float], bool]:
         """The current draw of the request's acceptance, as log-odds shifts from its phase's mean
@@ -275,14 +279,6 @@ class AdaptivePolicy:
         self._request_draws[req] = (phase, shifts, own, self._serial)
         return shifts, own
 
-    def _mean_offsets(self, phase: Phase, req: str) -> list[float] | None:
-        """The request's expected shifts (what its drafts' calibration labels are learned with)."""
-        rho = self._draw(phase).rho
-        record = self.records.get(req)
-        if rho <= 0.0 or record is None or record.phase is not phase:
-            return None
-        return record.mean_offsets(self.rates[phase].predict_one(), rho)
-
     def gate(self, items: list[tuple[Phase, str, list[float] | None, int]], uniform: str | None = None) -> list[int]:
         """This step's verified depths: ``items`` are (phase, request id, the drafter's features
         of its drafts or None, drafts available); returns one depth per item."""
@@ -306,7 +302,8 @@ class AdaptivePolicy:
             if features is not None and calibrators is not None:
                 z = self.gated[phase].learn_one(features[:available])
                 # the calibrator learns against the request's expected shift (not this step's draw)
-                self.offsets[req] = self._mean_offsets(phase, req) if own else None
+                self.offsets[req] = (self.records[req].mean_offsets(self.rates[phase].predict_one(), draw.rho)
+                                     if own else None)
                 survivals.append(shifted_survival(z, shifts))
                 key.append(_FRESH)
             elif own:  # around the phase's current rates: not kept either
@@ -315,10 +312,14 @@ class AdaptivePolicy:
             else:
                 survivals.append(draw.drawn_survival[:available])
                 key.append((phase, available, 0))
+        units = [context_units(self.contexts.get(r, 0)) for _p, r, _f, _a in items] if self.contexts else None
+        if units:
+            key.append(tuple(units))
         kept = self._gates.get(key := tuple(key))
         if kept is not None:
             return kept
         base, verify, first = self._terms(len(items))[0]
+        base, verify = self._priced(base, verify, units)
         depths = admit(survivals, base + self._drafting_now, verify, first, uniform)
         if self.min_depth:
             depths = [max(k, min(self.min_depth, available)) for k, (_p, _r, _f, available) in zip(depths, items)]
@@ -349,22 +350,22 @@ class AdaptivePolicy:
         offsets = self.offsets.pop(request_id, None) if request_id is not None else None
         self.calibrators[phase].observe(features, verified, accepted, offsets)
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
+                     context: int = 0, verified_context: int = 0) -> None:
+        """``context``: the step's context tokens; ``verified_context``: sum of verified drafts x their context."""
         drafted = max(draft_depth, 0)
         resumed = self.drafter_catches_up and drafted > 0 and self._last_drafted == 0
-        self.cost.learn_one((num_requests, verified_tokens, drafted, resumed, self.idle_drafter_runs), seconds)
+        on = self.contexts is not None
+        self.cost.learn_one((num_requests, verified_tokens, drafted, resumed, self.idle_drafter_runs,
+                             context_units(context) if on else 0.0,
+                             context_units(verified_context) if on else 0.0), seconds)
         self._last_drafted = drafted
 
     def account_step(self, seconds: float, decisions: dict[str, tuple[Phase, int]], tokens: dict[str, int]) -> None:
-        """A decode step for ``estimate`` (``SpeedEstimate.learn_step``), one step in ``DRAW_EVERY``
-        on average, at random gaps of 1 to ``2 DRAW_EVERY - 1`` steps: a sample of the steps is as
-        good an estimate at a quarter of the cost, and random gaps cannot alias with a pattern."""
-        self._account_in -= 1
-        if self._account_in > 0:
-            return
-        self._account_in = 1 + int(self._sampler.random() * (2 * DRAW_EVERY - 1))
-        if self.cost.known and self.cost.learn:
-            self.speed.learn_step(self.cost, seconds, decisions, tokens, self._fixed_yield, self.idle_drafter_runs)
+        """A decode step for ``estimate`` (kept at random, one in ``DRAW_EVERY``: ``LiveEstimate``)."""
+        if self.speed.due() and self.cost.known and self.cost.learn:
+            ctx = context_units(sum(self.contexts.get(r, 0) for r in decisions)) if self.contexts else 0.0
+            self.speed.learn_step(self.cost, seconds, decisions, tokens, self._fixed_yield, self.idle_drafter_runs, ctx)
 
     def _fixed_yield(self, phase: Phase) -> float:
         """What one request-step of ``phase`` at the fixed depth yields (kept for the draw)."""
@@ -380,6 +381,8 @@ class AdaptivePolicy:
         return self.speed.predict_one()
 
     def forget(self, request_id: str) -> None:
+        if self.contexts:
+            self.contexts.pop(request_id, None)
         self.records.pop(request_id, None)
         self._request_draws.pop(request_id, None)
         self.offsets.pop(request_id, None)

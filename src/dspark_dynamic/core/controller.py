@@ -33,7 +33,13 @@ request.  Under ``batch_depth`` max/min the step's one depth is the max/min over
 overridden or not.  Requests with an override are counted per policy label as well
 (``stats.record_policy``); those without one are the server's policy.
 
-Requests touched: ``request_id``, ``prompt_token_ids``, ``output_token_ids``, ``spec_token_ids``
+Context (a policy with a ``contexts`` dict): before each step's gate and plan,
+``contexts[request_id]`` holds the request's prompt and output tokens; a decode step's
+``observe_step`` gets the step's context tokens and its verified drafts times their requests'
+context tokens (a request freed before its last output counts at its last context).
+
+Requests touched: ``request_id``, ``prompt_token_ids`` (``num_prompt_tokens`` where present),
+``output_token_ids``, ``spec_token_ids``
 (and ``all_token_ids`` when a reasoning parser's own API follows the phase).  The phase comes
 from a ``PhaseDetector``: ``PhaseRules`` (marker ids and id sequences) or the adapter's
 parser-backed detector.
@@ -89,6 +95,9 @@ class DepthController:
         self.overrides: dict[str, tuple[int, int]] = {}  # request -> its own depths, by phase
         self.labels: dict[str, str] = {}  # request -> its own policy's label (overridden requests)
         self._ended: dict[str, str] = {}  # labels of requests freed since the last step's output
+        self._contexts: dict[str, int] | None = getattr(policy, "contexts", None)  # the policy's, filled here
+        self._prompts: dict[str, int] = {}  # prompt tokens per request (where contexts are kept)
+        self._ended_contexts: dict[str, int] = {}  # contexts of requests freed since the last step's output
         self._gate = getattr(policy, "gate", None)  # a batch policy decides what each step verifies
         self._plan = getattr(policy, "plan", None)  # ... and how deep the batch drafts
         self._begin = getattr(policy, "begin_step", None)
@@ -105,6 +114,10 @@ class DepthController:
     def _track(self, request: Any) -> PhaseTracker:
         """A request seen for the first time: its phase tracker, and its own policy if it has one."""
         state = self.states[request.request_id] = self.rules.track(request)
+        if self._contexts is not None:
+            prompt = getattr(request, "num_prompt_tokens", None)
+            prompt = prompt if isinstance(prompt, int) else len(request.prompt_token_ids or ())
+            self._prompts[request.request_id] = prompt
         if self._request_policy is not None:
             own = self._request_policy(request)
             if own is not None:
@@ -139,7 +152,7 @@ class DepthController:
         seen.clear()
         if self._begin is not None:
             self._begin()
-        states, rules, plans = self.states, self.rules, self.plans
+        states, rules, plans, contexts, prompts = self.states, self.rules, self.plans, self._contexts, self._prompts
         for request in running:
             req_id = request.request_id
             output = request.output_token_ids
@@ -148,6 +161,8 @@ class DepthController:
                 state = self._track(request)
             phase = state.advance(rules, output)
             seen[req_id] = (phase, len(output))
+            if contexts is not None:
+                contexts[req_id] = prompts[req_id] + len(output)
             if request.spec_token_ids:
                 drafting.append((request, phase))
             else:  # no drafts: none offered (-1), or none asked for (depth 0 planned)
@@ -253,6 +268,8 @@ class DepthController:
                 rows.append((found[0], req_id))
             else:
                 rows.append((self.phase_of(request), req_id))
+                if self._contexts is not None:
+                    self._contexts[req_id] = self._prompts[req_id] + len(request.output_token_ids)
         if not rows:
             return None
         if self.overrides:
@@ -320,9 +337,28 @@ class DepthController:
                 step.seconds, verified_tokens, step.num_requests, step.draft_depth, step.decode_only
             )
             if step.decode_only:
-                self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth)
+                if self._contexts is not None:
+                    self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth,
+                                             *self._step_context(decisions, counted))
+                else:
+                    self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth)
                 if self._account is not None:
                     self._account(step.seconds, decisions, tokens)
+        if self._ended_contexts:
+            self._ended_contexts.clear()
+
+    def _step_context(self, decisions: Mapping[str, tuple[Phase, int]],
+                      counted: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
+        """The step's context tokens, and its verified drafts times their requests' context tokens."""
+        contexts, ended = self._contexts, self._ended_contexts
+        total = weighted = 0
+        for req_id in decisions:
+            c = contexts.get(req_id) or ended.get(req_id, 0)
+            total += c
+            counts = counted.get(req_id)
+            if counts is not None:
+                weighted += counts[0] * c
+        return total, weighted
 
     def _count_by_policy(self, decisions: Mapping[str, tuple[Phase, int]], counted: Mapping[str, tuple[int, int]],
                          tokens: Mapping[str, int]) -> None:
@@ -351,6 +387,11 @@ class DepthController:
         label = self.labels.pop(request_id, None)
         if label is not None:
             self._ended[request_id] = label
+        if self._contexts is not None:
+            self._prompts.pop(request_id, None)
+            context = self._contexts.pop(request_id, None)
+            if context is not None:
+                self._ended_contexts[request_id] = context
         self.policy.forget(request_id)
 
     def prune(self, live_request_ids: Iterable[str]) -> None:

@@ -2,7 +2,10 @@
 
 ``StepCost`` predicts a decode step's time from what it carries,
 ``x = (1, requests, drafts verified, any draft verified, drafter ran, positions drafted per
-request, positions drafted in all, drafter resumed)``: ``time = speed * theta . x`` seconds.
+request, positions drafted in all, drafter resumed, context, verified drafts x their context)``:
+``time = speed * theta . x`` seconds.  The two context features (in ``CONTEXT_UNIT`` tokens,
+``context_units``) price the KV a step reads: the step's total context, and each verified draft
+at its own request's context; they are 0 where the policy does not read context.
 - Bayesian linear regression: a Gaussian prior on ``theta`` (from the configured cost ratios,
   scaled to the first steps' times) and a Gaussian posterior given the steps seen, with the
   noise variance estimated from the residuals.  ``predict_one(x)`` is the posterior mean,
@@ -20,11 +23,11 @@ request, positions drafted in all, drafter resumed)``: ``time = speed * theta . 
   vary goes back to the prior: its width makes the decision try it again, so a size seen once
   is not a dead spot).
 - Evidence per shape: the steps of one shape count at most ``SHAPE_EVIDENCE`` steps' weight in
-  the posterior (their mean and spread unchanged).  Each step is fitted divided by a speed
-  estimated from the steps around it, so steps of one shape measured in one stretch share that
-  estimate's error (a request slower or faster than the one before, while ``speed`` catches up);
-  counted as independent, a few stretches would make the posterior sure of a price it has not
-  measured, and a choice it rules out is never tried again.  With the cap, a price only a few
+  the posterior (their mean and spread unchanged; a shape's contexts share that weight).  Each
+  step is fitted divided by a speed estimated from the steps around it, so steps of one shape
+  measured in one stretch share that estimate's error (a request slower or faster than the one
+  before, while ``speed`` catches up); counted as independent, a few stretches would make the
+  posterior sure of a price it has not measured, and a choice it rules out is never tried again.  With the cap, a price only a few
   stretches told apart keeps the width that lets Thompson sampling try it again.
 - Robust: a step's residual is clipped at ``CLIP`` times the running mean absolute residual
   before it is fitted (a stray slow step on a shared machine, a compilation, an allocator stall).
@@ -52,10 +55,14 @@ from typing import NamedTuple
 
 from dspark_dynamic.core.draws import normals
 
-# x = (1, requests, verified, any verified, drafter ran, drafted per request, drafted in all, resumed)
-STEP, REQUEST, VERIFIED, FIRST, DRAFTER, DRAFTED, DRAFTED_ALL, RESUMED = range(8)
-NAMES = ("step", "request", "verified", "first verified", "drafter", "drafted", "drafted x requests", "resumed")
+# x = (1, requests, verified, any verified, drafter ran, drafted per request, drafted in all, resumed,
+#      context, verified x context)
+STEP, REQUEST, VERIFIED, FIRST, DRAFTER, DRAFTED, DRAFTED_ALL, RESUMED, CONTEXT, VERIFIED_CONTEXT = range(10)
+NAMES = ("step", "request", "verified", "first verified", "drafter", "drafted", "drafted x requests", "resumed",
+         "context", "verified x context")
 N_FEATURES = len(NAMES)
+CONTEXT_UNIT = 1024.0  # tokens: the unit of the context features (a unit, not tuned: the prior's
+# PRIOR_SD holds per unit, so a price per 1k tokens of context is a priori as uncertain as any other)
 
 MEMORY = 500.0  # steps of memory of the relative costs (tuned: the testbed's state moves over ~1000 steps)
 CLIP = 3.0  # residuals clipped at this many mean absolute residuals (tuned)
@@ -78,19 +85,34 @@ class Shape(NamedTuple):
     drafted: int  # positions drafted per request (the drafter's depth for the step)
     resumed: bool = False  # the drafter caught up over positions it skipped while idle
     idle_drafter_runs: bool = False  # the drafter runs its forward even when it drafts nothing
+    context: float = 0.0  # the step's requests' context, in ``context_units``
+    verified_context: float = 0.0  # each verified draft at its request's ``context_units``, summed
+
+
+N_SHAPE = len(Shape._fields)
+
+
+def context_units(tokens: float) -> float:
+    """``tokens / CONTEXT_UNIT`` rounded to 4 significant bits (within 6.25 %): steps of nearly the
+    same context share one shape, so a growing context adds a shape every few percent."""
+    if tokens <= 0.0:
+        return 0.0
+    m, e = math.frexp(tokens / CONTEXT_UNIT)
+    return math.ldexp(round(m * 16.0), e - 4)
 
 
 def features(shape: Shape) -> tuple[float, ...]:
     r, v, d = float(shape.requests), float(shape.verified), float(shape.drafted)
     ran = 1.0 if d > 0 or shape.idle_drafter_runs else 0.0
-    return (1.0, r, v, 1.0 if v > 0 else 0.0, ran, d, d * r, 1.0 if shape.resumed else 0.0)
+    return (1.0, r, v, 1.0 if v > 0 else 0.0, ran, d, d * r, 1.0 if shape.resumed else 0.0,
+            shape.context, shape.verified_context)
 
 
 def prior_mean(verify: float, draft: float, draft_token: float) -> list[float]:
     """The prior's coefficients in plain one-request steps: a plain step split evenly between
     the step and its request, ``verify`` per verified draft, ``draft`` for running the drafter,
     ``draft_token`` per drafted position (0 for a parallel drafter)."""
-    return [0.5, 0.5, verify, 0.0, draft, draft_token, 0.0, 0.0]
+    return [0.5, 0.5, verify, 0.0, draft, draft_token, 0.0, 0.0, 0.0, 0.0]
 
 
 def _outer(x: list[float] | tuple[float, ...]) -> list[float]:
@@ -176,9 +198,12 @@ class StepCost:
 
     def learn_one(self, shape: Shape, seconds: float) -> None:
         """Add one decode step (O(1): one shape's sums; a solve every ``SOLVE_EVERY`` steps).
-        ``shape`` may be a plain tuple of ``Shape``'s fields (it hashes and compares as one)."""
+        ``shape`` may be a plain tuple of ``Shape``'s fields (all of them: it then hashes and
+        compares as one)."""
         if not self.learn or seconds <= 0.0 or shape[0] <= 0:
             return
+        if len(shape) < N_SHAPE:  # (a short tuple would not find its own entry)
+            shape = Shape(*shape)
         entry = self._entries.get(shape)
         if entry is None:
             shape = Shape(*shape)
@@ -251,15 +276,21 @@ class StepCost:
         xx = [0.0] * (n * n)  # the weighted Gram matrix, row by row (its upper triangle, then mirrored)
         xy = [0.0] * n
         yy = weight = 0.0
-        for entry in self._entries.values():
-            w, wy, wyy = entry[2] * scale, entry[3] * scale, entry[4] * scale
+        groups: dict[tuple, float] = {}  # a shape's weight summed over its contexts
+        for shape, entry in list(self._entries.items()):
+            w = entry[2] = entry[2] * scale
             if w < 1e-9:  # forgotten: a shape seen again starts new sums
-                entry[2] = entry[3] = entry[4] = 0.0
+                del self._entries[shape]
                 continue
-            entry[2], entry[3], entry[4] = w, wy, wyy
-            if w > SHAPE_EVIDENCE:  # the shape's mean and spread, at most SHAPE_EVIDENCE steps' weight
-                shrink = SHAPE_EVIDENCE / w
-                w, wy, wyy = SHAPE_EVIDENCE, wy * shrink, wyy * shrink
+            entry[3] *= scale
+            entry[4] *= scale
+            groups[shape[:5]] = groups.get(shape[:5], 0.0) + w
+        for shape, entry in self._entries.items():
+            w, wy, wyy = entry[2], entry[3], entry[4]
+            group = groups[shape[:5]]
+            if group > SHAPE_EVIDENCE:  # the shape's mean and spread, at most SHAPE_EVIDENCE steps' weight
+                shrink = SHAPE_EVIDENCE / group  # (over all its contexts together)
+                w, wy, wyy = w * shrink, wy * shrink, wyy * shrink
             weight += w
             yy += wyy
             for i, v in entry[5][0]:

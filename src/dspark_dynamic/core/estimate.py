@@ -18,6 +18,7 @@ the fixed depth's acceptance beyond the depths the policy verifies is the rates'
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 
 from dspark_dynamic.core.acceptance import GateSample
@@ -50,12 +51,12 @@ class SpeedEstimate:
         # phase -> [seconds, tokens, plain seconds, plain tokens, fixed seconds, fixed tokens],
         # each weighted by its step's ``_w``: times ``1 / _w`` they are the forgetting sums
         self.sums = {p: [0.0] * 6 for p in Phase}
-        self._prices: dict[int, tuple[float, float]] = {}  # requests -> (plain, fixed) step seconds
+        self._prices: dict[tuple[int, float], tuple[float, float]] = {}  # (requests, context) -> (plain, fixed) seconds
         self._solved = -1
 
     def learn_step(self, cost: StepCost, seconds: float, decisions: Mapping[str, tuple[Phase, int]],
                    tokens: Mapping[str, int], fixed_tokens: Callable[[Phase], float],
-                   idle_drafter_runs: bool = False) -> None:
+                   idle_drafter_runs: bool = False, context: float = 0.0) -> None:
         """One decode step from the controller's view of it: each request's phase (``decisions``)
         and the tokens it added (``tokens``: the requests live at the step's output);
         ``fixed_tokens(phase)``: what a request-step at the fixed depth yields there."""
@@ -68,12 +69,13 @@ class SpeedEstimate:
                 added[phase] = added.get(phase, 0) + n
         if requests:
             yields = {p: fixed_tokens(p) for p in requests}
-            self.learn_one(cost, seconds, requests, added, yields, idle_drafter_runs)
+            self.learn_one(cost, seconds, requests, added, yields, idle_drafter_runs, context)
 
     def learn_one(self, cost: StepCost, seconds: float, requests: dict[Phase, int], tokens: dict[Phase, int],
-                  fixed_tokens: dict[Phase, float], idle_drafter_runs: bool = False) -> None:
+                  fixed_tokens: dict[Phase, float], idle_drafter_runs: bool = False, context: float = 0.0) -> None:
         """One decode step: ``requests`` and ``tokens`` per phase; ``fixed_tokens``: per phase,
-        what one request-step at the fixed depth yields at the phase's rates."""
+        what one request-step at the fixed depth yields at the phase's rates; ``context``: the
+        step's context in ``costs.context_units`` (plain and fixed steps read it too)."""
         if not cost.known or not cost.learn:
             return
         r = sum(requests.values())
@@ -82,11 +84,12 @@ class SpeedEstimate:
         if cost.solved != self._solved:
             self._prices.clear()
             self._solved = cost.solved
-        prices = self._prices.get(r)
+        prices = self._prices.get((r, context))
         if prices is None:
-            plain = cost.predict_one(features(Shape(r, 0, 0, idle_drafter_runs=idle_drafter_runs)))
-            fixed = cost.predict_one(features(Shape(r, r * self.depth, self.depth)))
-            prices = self._prices[r] = (plain, fixed)
+            plain = cost.predict_one(features(Shape(r, 0, 0, idle_drafter_runs=idle_drafter_runs, context=context)))
+            fixed = cost.predict_one(features(Shape(r, r * self.depth, self.depth, context=context,
+                                                    verified_context=self.depth * context)))
+            prices = self._prices[(r, context)] = (plain, fixed)
         steady = seconds / cost.speed  # the step's time at the speed the prices are in
         w = self._w = self._w * self.grow
         if w > 1e12:  # renormalise (the ratios are unchanged)
@@ -128,3 +131,23 @@ def _ratios(acc: list[float]) -> dict[str, float] | None:
         return None
     rate = tokens / seconds
     return {"plain": rate / (plain_t / plain_s), "fixed": rate / (fixed_t / fixed_s)}
+
+
+class LiveEstimate(SpeedEstimate):
+    """A ``SpeedEstimate`` fed one decode step in ``every`` on average, at random gaps of 1 to
+    ``2 every - 1`` steps (``due``): a sample of the steps is as good an estimate at a fraction of
+    the host time, and random gaps cannot alias with a pattern of the steps."""
+
+    def __init__(self, depth: int, every: int, seed: int) -> None:
+        super().__init__(depth)
+        self._every = every
+        self._sampler = random.Random(seed)
+        self._in = 1  # steps until the next kept one
+
+    def due(self) -> bool:
+        """This step is kept (called once per step)."""
+        self._in -= 1
+        if self._in > 0:
+            return False
+        self._in = 1 + int(self._sampler.random() * (2 * self._every - 1))
+        return True

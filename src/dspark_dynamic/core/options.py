@@ -52,6 +52,7 @@ class AdaptiveOptions:
     prior_weight: float = 20.0  # pseudo-observations behind a phase's acceptance prior (1/2 at the first draft)
     window: float = 400.0  # request-steps of memory of a phase's acceptance estimates
     confidence: bool = True  # use the drafter's per-draft confidences when it reports them
+    context_features: bool = True  # price each verified draft at its request's context (off: all alike)
 
 
 @dataclass(frozen=True)
@@ -175,9 +176,11 @@ def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
     learn = value.get("learn_cost", d.learn_cost)
     if not isinstance(learn, bool):
         raise _fail("adaptive.learn_cost", learn, "true or false")
-    confidence = value.get("confidence", d.confidence)
-    if not isinstance(confidence, bool):
-        raise _fail("adaptive.confidence", confidence, "true or false")
+    flags = {}
+    for name in ("confidence", "context_features"):
+        flags[name] = value.get(name, getattr(d, name))
+        if not isinstance(flags[name], bool):
+            raise _fail(f"adaptive.{name}", flags[name], "true or false")
     return AdaptiveOptions(
         min_depth=_int("adaptive.min_depth", value.get("min_depth", d.min_depth), 0, num_spec),
         verify_cost_ratio=_float(
@@ -194,7 +197,7 @@ def _adaptive(value: Any, num_spec: int) -> AdaptiveOptions:
             "adaptive.prior_weight", value.get("prior_weight", d.prior_weight), 0.0, 1e6
         ),
         window=_float("adaptive.window", value.get("window", d.window), 1.0, 1e9),
-        confidence=confidence,
+        **flags,
     )
 
 

@@ -79,7 +79,8 @@ class _Peer:
         if self.calibrators is not None:
             self.calibrators[phase].observe(features, verified, accepted)
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
+                     context: int = 0, verified_context: int = 0) -> None:
         return None
 
     def forget(self, request_id: str) -> None:
@@ -175,7 +176,8 @@ class VllmAdaptiveVerification(_Peer):
             depths[i] += 1
         return depths
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
+                     context: int = 0, verified_context: int = 0) -> None:
         if self._skip:
             self._skip -= 1
             return
@@ -221,7 +223,8 @@ class FreeTokenWidth(_Peer):
         self._width = k
         return [min(k, a) for _p, _r, _f, a in items]
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
+                     context: int = 0, verified_context: int = 0) -> None:
         if self._skip:
             self._skip -= 1
             return
@@ -255,7 +258,8 @@ class BreakEvenPause(_Peer):
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
         self._accepted += accepted
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
+                     context: int = 0, verified_context: int = 0) -> None:
         accepted, self._accepted = self._accepted, 0
         r = num_requests
         if draft_depth <= 0 and verified_tokens == 0:  # a plain step

@@ -37,7 +37,8 @@ class DepthPolicy(Protocol):
 
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None: ...
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
+                     context: int = 0, verified_context: int = 0) -> None:
         """A decode-only step's busy time, drafts verified, requests and drafts asked per request."""
 
     def forget(self, request_id: str) -> None: ...
@@ -57,7 +58,8 @@ class PhasePolicy:
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None:
         return None
 
-    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int) -> None:
+    def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
+                     context: int = 0, verified_context: int = 0) -> None:
         return None
 
     def forget(self, request_id: str) -> None:
