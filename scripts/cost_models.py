@@ -6,7 +6,7 @@ Reads the controller's step rows (``{"step_s", "verified_tokens", "reqs", "draft
 or from ``trace_path`` JSONL files, and replays them in order through both cost models,
 predicting each decode step *before* learning it (prequential): ``core.costs.StepCost`` (the
 policy's: linear in what the step carries, a posterior, forgetting, clipped residuals) and
-``core.costs.ShapeTable`` (a mean per step shape, as the peers tabulate by tokens verified;
+``dspark_lab.shape_table.ShapeTable`` (a mean per step shape, as the peers tabulate by tokens verified;
 an unseen shape reads the nearest seen one).  Prints, per model, the median and mean absolute
 relative error over all steps, over steps whose shape had been seen fewer than 5 times (a probe,
 a new batch size: where a decision needs a price it has not measured), and how often the
@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 from dspark_dynamic.core import costs
-from dspark_dynamic.core.costs import Shape, ShapeTable, StepCost, features
+from dspark_dynamic.core.costs import Shape, StepCost, features
+from dspark_lab.shape_table import ShapeTable
 
 RARE = 5  # a shape seen fewer times than this before a step is "rare" for it
 

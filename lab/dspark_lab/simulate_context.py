@@ -38,8 +38,9 @@ finished request is followed in its slot by the next of its trace, at the same p
 Each step every request drafts the batch's depth (the largest the policy plans), the policy gates
 each request's drafts (with their confidences), and learns from the outcome and the step's time
 (``NoisyMachine`` noise; the speed redrawn every ``SWING_EVERY`` steps).  Before ``plan`` and
-``gate`` the driver sets ``policy.contexts[request_id]`` (policies that read context) and, for the
-oracle, ``policy.truth[request_id]`` (the position's true rates).  vLLM's adaptive verification
+``gate`` the driver sets ``policy.contexts[request_id]`` (policies that read context, in
+``costs.context_units``) and, for the oracle, ``policy.tokens[request_id]`` (in tokens) and
+``policy.truth[request_id]`` (the position's true rates).  vLLM's adaptive verification
 profiles its costs at one context (``VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN``, 8192): while
 it profiles, it is told the step's time at that context for every request.
 
@@ -56,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dspark_dynamic.core.adaptive import AdaptivePolicy
+from dspark_dynamic.core.costs import context_units
 from dspark_dynamic.core.peers import FreeTokenWidth, VllmAdaptiveVerification
 from dspark_dynamic.core.phase import Phase
 from dspark_dynamic.core.policy import PhasePolicy
@@ -181,17 +183,17 @@ class ContextOracle(_Rule):
                  context_aware: bool = True) -> None:
         self.n, self.cost, self.model, self.rate = n, cost, model, rate
         self.context_aware = context_aware
-        self.contexts: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}  # per request, its context in tokens (set by the driver)
         self.truth: dict[str, tuple[float, ...]] = {}
 
     def plan(self, rows: list) -> list[int]:
         return [self.n] * len(rows)
 
     def gate(self, items: list) -> list[int]:
-        mean = sum(self.contexts[req] for _p, req, _f, _a in items) / len(items)
+        mean = sum(self.tokens[req] for _p, req, _f, _a in items) / len(items)
         depths, gain = [], 0.0
         for _phase, req, features, available in items:
-            price = self.rate * self.cost.verify_ms(self.contexts[req] if self.context_aware else mean)
+            price = self.rate * self.cost.verify_ms(self.tokens[req] if self.context_aware else mean)
             k = 0
             for s in feature_survivals(features[:available], self.truth[req], self.model) if features else ():
                 if s <= price:
@@ -204,7 +206,7 @@ class ContextOracle(_Rule):
         return depths
 
     def forget(self, request_id: str) -> None:
-        self.contexts.pop(request_id, None)
+        self.tokens.pop(request_id, None)
         self.truth.pop(request_id, None)
 
 
@@ -245,7 +247,8 @@ def run_batch(name: str, policy: Any, slots: list[Slot], cost: ContextCost, step
     """``steps`` steps of the batch under ``policy`` (see the module docstring); ``slots`` advance.
     Results are on the cost model's clock; the policy is told the machine's measurement."""
     res = Result(name)
-    contexts = getattr(policy, "contexts", None)
+    contexts = getattr(policy, "contexts", None)  # a policy's, in ``costs.context_units``
+    tokens = getattr(policy, "tokens", None)  # the oracle's, in tokens
     truth = getattr(policy, "truth", None)
     noise = random.Random(machine.seed) if machine is not None else None
     speed = 1.0
@@ -259,7 +262,9 @@ def run_batch(name: str, policy: Any, slots: list[Slot], cost: ContextCost, step
         ctxs = [s.context for s in slots]
         if contexts is not None:
             for req, c in zip(reqs, ctxs):
-                contexts[req] = c
+                contexts[req] = context_units(c)
+        if tokens is not None:
+            tokens.update(zip(reqs, ctxs))
         if truth is not None:
             for req, pos in zip(reqs, now):
                 truth[req] = pos[2]
@@ -285,8 +290,8 @@ def run_batch(name: str, policy: Any, slots: list[Slot], cost: ContextCost, step
             told = cost.step_ms(ks, [profile_context] * len(slots), drafted, drafting)
         if noise is not None:
             told *= speed * math.exp(noise.gauss(0.0, machine.jitter))
-        policy.observe_step(told / 1000.0, sum(ks), len(slots), drafted, context=sum(ctxs),
-                            verified_context=sum(k * c for k, c in zip(ks, ctxs)))
+        policy.observe_step(told / 1000.0, sum(ks), len(slots), drafted, context=sum(map(context_units, ctxs)),
+                            verified_context=sum(k * context_units(c) for k, c in zip(ks, ctxs)))
         for slot, req in zip(slots, reqs):
             if slot.t >= len(slot.trace[slot.index]):  # finished: the next request of the trace
                 if contexts is not None:

@@ -538,6 +538,7 @@ def learn_contexts(p, rng, steps=1500):
     position, and a verified draft 1 ms plus 4 ms per 1k tokens of its own request's context;
     drafts are accepted at 60 % per position."""
     contexts = {"short": 200, "long": 8000}
+    units = {r: costs.context_units(c) for r, c in contexts.items()}
     for _ in range(steps):
         batch = rng.choice((["short"], ["long"], ["short", "long"]))
         d = rng.choice((0, 1, 2))
@@ -547,9 +548,8 @@ def learn_contexts(p, rng, steps=1500):
         for r, v in vs.items():
             p.observe(A, v, sum(1 for _ in range(v) if rng.random() < 0.6), r)
         p.observe_step(ms / 1e3 * rng.uniform(0.98, 1.02), sum(vs.values()), len(batch), d,
-                       context=sum(contexts[r] for r in batch),
-                       verified_context=sum(v * contexts[r] for r, v in vs.items()))
-    return contexts
+                       context=sum(units[r] for r in batch), verified_context=sum(v * units[r] for r, v in vs.items()))
+    return units
 
 
 def test_a_short_requests_drafts_are_verified_and_a_long_ones_are_not_where_context_makes_them_dear():

@@ -1,4 +1,7 @@
+import pytest
+
 from dspark_dynamic.core.controller import DepthController
+from dspark_dynamic.core.costs import context_units
 from dspark_dynamic.core.phase import Phase, PhaseRules
 from dspark_dynamic.core.policy import BatchDepth, PhasePolicy
 from dspark_lab.fakes import FakeRequest
@@ -282,19 +285,20 @@ def test_a_policy_that_reads_contexts_gets_each_requests_context_and_each_steps(
     short = FakeRequest("s", [1] * 10 + [E], output_token_ids=[3, 4], spec_token_ids=[7, 8])
     long = FakeRequest("l", [1] * 4000 + [E], output_token_ids=[3], spec_token_ids=[7, 8])
     long.num_prompt_tokens = 4001  # vLLM's Request says so (a prompt of embeddings has no ids)
+    s13, l4002, s15 = context_units(13), context_units(4002), context_units(15)
     decisions = ctl.before_schedule([short, long])
-    assert policy.contexts == {"s": 13, "l": 4002}
+    assert policy.contexts == {"s": s13, "l": l4002}
     ctl.plan_drafts([short, long])
-    assert ("s", 13) in policy.seen and ("l", 4002) in policy.seen
+    assert ("s", s13) in policy.seen and ("l", l4002) in policy.seen
     ctl.forget("l")  # finished: vLLM frees it before its last output is accounted
     assert "l" not in policy.contexts
     ctl.after_output(decisions, {"s": (2, 1), "l": (2, 0)}, {"s": 2}, step=StepTiming(0.02, True, 2, 2))
-    assert policy.steps == [(4, 13 + 4002, 2 * 13 + 2 * 4002)]
+    assert policy.steps == [(4, pytest.approx(s13 + l4002), pytest.approx(2 * s13 + 2 * l4002))]
     short.output_token_ids += [5, 6]
     short.spec_token_ids = [7, 8]
     decisions = ctl.before_schedule([short])
     ctl.after_output(decisions, {"s": (1, 1)}, {"s": 2}, step=StepTiming(0.02, True, 1, 2))
-    assert policy.steps[-1] == (1, 15, 15)  # the freed request counted once, not again
+    assert policy.steps[-1] == (1, pytest.approx(s15), pytest.approx(s15))  # the freed request counted once
 
 
 def test_a_policy_without_contexts_gets_the_step_as_before():

@@ -4,6 +4,7 @@ import argparse
 
 import pytest
 
+from dspark_dynamic.core.costs import context_units
 from dspark_dynamic.core.phase import Phase
 from dspark_lab.simulate import CostModel
 from dspark_lab.simulate_context import (CONTEXTS, ContextCost, ContextOracle, FixedRule, Slot, compare_mix,
@@ -37,13 +38,13 @@ def test_the_oracle_admits_a_short_requests_draft_before_a_long_ones_at_equal_ac
     cost = ContextCost(ctx_base_ns=3200.0, ctx_verify_ns=3200.0)  # 41 ms a draft at 1k, 457 ms at 128k
     for order in (("short", "long"), ("long", "short")):
         oracle = ContextOracle(2, cost, model, rate=1 / 200)  # tokens per ms: a draft worth 0.2 vs 2.3 tokens
-        oracle.contexts.update(short=SHORT, long=LONG)
+        oracle.tokens.update(short=SHORT, long=LONG)
         oracle.truth.update(short=(0.8,) * 6, long=(0.8,) * 6)
         items = [(Phase.ANSWER, req, [model.right] * 2, 2) for req in order]
         depths = dict(zip(order, oracle.gate(items)))
         assert depths == {"short": 2, "long": 0}
     blind = ContextOracle(2, cost, model, rate=1 / 200, context_aware=False)
-    blind.contexts.update(short=SHORT, long=LONG)
+    blind.tokens.update(short=SHORT, long=LONG)
     blind.truth.update(short=(0.8,) * 6, long=(0.8,) * 6)
     a, b = blind.gate([(Phase.ANSWER, req, [model.right] * 2, 2) for req in ("short", "long")])
     assert a == b  # priced at the batch's mean context, both alike
@@ -86,22 +87,25 @@ def _slots():
 
 def test_the_driver_sets_each_requests_context_before_plan_and_gate_and_drops_finished_ones():
     policy, cost = Recorder(), ContextCost()
+    u = context_units
     run_batch("recorder", policy, _slots(), cost, 3)
-    expected = [{"a-0": SHORT, "b-0": LONG}, {"a-0": SHORT + 2, "b-0": LONG + 2}, {"a-1": SHORT, "b-0": LONG + 4}]
+    expected = [{"a-0": u(SHORT), "b-0": u(LONG)}, {"a-0": u(SHORT + 2), "b-0": u(LONG + 2)},
+                {"a-1": u(SHORT), "b-0": u(LONG + 4)}]
     assert policy.seen == [(call, want) for want in expected for call in ("plan", "gate")]
     assert policy.forgotten == ["a-0"]  # finished after two steps: forgotten, its context dropped
     first, second, third = policy.steps
-    assert first[1:5] == (2, 2, SHORT + LONG, SHORT + LONG)  # one draft each: verified x context
+    both = u(SHORT) + u(LONG)
+    assert first[1:5] == (2, 2, pytest.approx(both), pytest.approx(both))  # one draft each: verified x context
     assert first[0] == pytest.approx(cost.step_ms([1, 1], [SHORT, LONG], 1) / 1000.0)
-    assert "a-0" not in policy.contexts and policy.contexts == {"a-1": SHORT, "b-0": LONG + 4}
-    assert third[3] == SHORT + LONG + 4  # ... the next request in its slot, at its prompt
+    assert "a-0" not in policy.contexts and policy.contexts == {"a-1": u(SHORT), "b-0": u(LONG + 4)}
+    assert third[3] == pytest.approx(u(SHORT) + u(LONG + 4))  # ... the next request in its slot, at its prompt
 
 
 def test_a_policy_still_profiling_is_told_the_step_at_the_profile_context():
     policy, cost = Recorder(profiling=True), ContextCost(ctx_base_ns=3200.0, ctx_verify_ns=3200.0)
     run_batch("recorder", policy, _slots(), cost, 1, profile_context=8192)
     assert policy.steps[0][0] == pytest.approx(cost.step_ms([1, 1], [8192, 8192], 1) / 1000.0)
-    assert policy.steps[0][3] == SHORT + LONG  # the features it learns from are the step's own
+    assert policy.steps[0][3] == pytest.approx(context_units(SHORT) + context_units(LONG))  # the step's own
 
 
 def test_a_tiny_run_compares_every_policy_against_the_oracle():

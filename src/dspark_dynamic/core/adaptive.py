@@ -6,9 +6,9 @@ position's rate, the persistence of outcomes, each request's record; with draft 
 phase's ``confidence.ConfidenceCalibrator``), ``decide`` (``admit``: what this step verifies,
 ranked by survival per unit of each draft's own verify time; ``drafting_depth``: how deep the
 batch drafts next; both maximise expected tokens per expected second), ``estimate`` (the live
-estimate against plain decoding and the fixed depth), and this glue.  ``contexts`` (set by the
-caller per request before a step's gate and plan) feeds the context features; without it
-(``context_features=False``) every request's drafts are priced alike.
+estimate against plain decoding and the fixed depth), and this glue.  ``contexts`` (per request,
+set by the caller before a step's gate and plan) feeds the context features; without it
+(``context_features=False``) all drafts are priced alike.
 
 Each step decides under one draw of the costs, of each phase's rates and calibrator and of each
 request's own record (Thompson sampling; a draw holds ``DRAW_EVERY`` steps, a request's until it
@@ -37,13 +37,15 @@ step; none is tuned to a testbed): ``DRAW_EVERY`` (here), ``costs.SOLVE_EVERY`` 
 from __future__ import annotations
 
 import random
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 from dspark_dynamic.core.acceptance import (GateSample, Persistence, PositionRates, RequestRecord, logit, shifted,
                                              shifted_survival, sigmoid, survival)
 from dspark_dynamic.core.confidence import ConfidenceCalibrator
 from dspark_dynamic.core.costs import (CONTEXT, DRAFTED, DRAFTED_ALL, DRAFTER, FIRST, REQUEST, RESUMED, STEP, VERIFIED,
-                                       VERIFIED_CONTEXT, StepCost, context_units)
+                                       VERIFIED_CONTEXT, StepCost, round_units)
 from dspark_dynamic.core.decide import admit, drafting_depth, gated_gains
 from dspark_dynamic.core.estimate import LiveEstimate, fixed_yield
 from dspark_dynamic.core.phase import Phase
@@ -57,6 +59,7 @@ MIN_LABELS = 16
 DRAW_EVERY = 4
 _FRESH = object()  # in a gate's key: a request's survivals are fresh each step, so not kept
 _REASONING = Phase.REASONING  # (an enum member read from its class costs ~0.1 us a step)
+_ID = itemgetter(1)  # a plan row's or gate item's request id
 
 
 class _PhaseDraw(NamedTuple):
@@ -95,9 +98,9 @@ class AdaptivePolicy:
         self.gated = {p: GateSample(self.n) for p in Phase}
         self.offsets: dict[str, list[float] | None] = {}  # per request: the offsets of its last gate
         self.speed = LiveEstimate(self.n, DRAW_EVERY, seed + 1)  # (``account_step``)
-        # per request, the tokens in its context, set by the caller before each step's gate and plan
-        # (None: the policy prices every request's drafts alike, whatever their context)
-        self.contexts: dict[str, int] | None = {} if context_features else None
+        # per request, its context in ``costs.context_units``, set by the caller before each step's gate
+        # and plan (None: the policy prices every request's drafts alike, whatever their context)
+        self.contexts: dict[str, float] | None = {} if context_features else None
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
         self._draws: dict[Phase, _PhaseDraw] = {}  # the current draw of each phase's rates
@@ -197,8 +200,9 @@ class AdaptivePolicy:
             depth = max(self.defaults[p] for p, _ in rows)
             kept = (depth, self._terms(requests)[1][depth])
         else:
-            units = [context_units(self.contexts.get(r, 0)) for _p, r in rows] if self.contexts else None
-            if (kept := self._plans.get(key := self._plan_key(rows, units))) is None:
+            units = list(map(self.contexts.get, map(_ID, rows), repeat(0.0))) if self.contexts else None
+            key = (self._plan_key(rows), tuple(units)) if units else self._plan_key(rows)  # (contexts by row)
+            if (kept := self._plans.get(key)) is None:
                 (base, verify, first), drafting = self._terms(requests)
                 base, verify = self._priced(base, verify, units)
                 depth = drafting_depth(requests, base, first, drafting, self._gains_for(rows, verify), self.min_depth)
@@ -214,11 +218,9 @@ class AdaptivePolicy:
         base = t[STEP] + t[REQUEST] * len(units) + t[CONTEXT] * sum(units)
         return (base if base > floor else floor), [max(t[VERIFIED] + t[VERIFIED_CONTEXT] * u, 0.0) for u in units]
 
-    def _plan_key(self, rows: list[tuple[Phase, str | None]], units: list[float] | None = None) -> tuple:
-        """What a batch's drafting decision depends on under the current draws: how many requests are
-        their phase's, the others' own draws, whether the drafter resumes (and contexts, if priced)."""
-        if units:
-            return tuple(sorted(zip((p.value for p, _r in rows), units))), self._plan_key(rows)
+    def _plan_key(self, rows: list[tuple[Phase, str | None]]) -> tuple:
+        """What a batch's drafting decision depends on under the current draws: how many requests
+        are their phase's, the own draws of the others, whether the drafter resumes."""
         reasoning = answer = 0
         own = []
         for phase, req in rows:
@@ -312,9 +314,8 @@ class AdaptivePolicy:
             else:
                 survivals.append(draw.drawn_survival[:available])
                 key.append((phase, available, 0))
-        units = [context_units(self.contexts.get(r, 0)) for _p, r, _f, _a in items] if self.contexts else None
-        if units:
-            key.append(tuple(units))
+        units = list(map(self.contexts.get, map(_ID, items), repeat(0.0))) if self.contexts else None
+        key.append(units and tuple(units))
         kept = self._gates.get(key := tuple(key))
         if kept is not None:
             return kept
@@ -351,20 +352,18 @@ class AdaptivePolicy:
         self.calibrators[phase].observe(features, verified, accepted, offsets)
 
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
-                     context: int = 0, verified_context: int = 0) -> None:
-        """``context``: the step's context tokens; ``verified_context``: sum of verified drafts x their context."""
+                     context: float = 0.0, verified_context: float = 0.0) -> None:
+        """``context``, ``verified_context``: the step's, and its verified drafts x theirs (``context_units``)."""
         drafted = max(draft_depth, 0)
         resumed = self.drafter_catches_up and drafted > 0 and self._last_drafted == 0
-        on = self.contexts is not None
-        self.cost.learn_one((num_requests, verified_tokens, drafted, resumed, self.idle_drafter_runs,
-                             context_units(context) if on else 0.0,
-                             context_units(verified_context) if on else 0.0), seconds)
+        shape = (num_requests, verified_tokens, drafted, resumed, self.idle_drafter_runs)
+        self.cost.learn_one(shape if self.contexts is None else (*shape, context, verified_context), seconds)
         self._last_drafted = drafted
 
     def account_step(self, seconds: float, decisions: dict[str, tuple[Phase, int]], tokens: dict[str, int]) -> None:
         """A decode step for ``estimate`` (kept at random, one in ``DRAW_EVERY``: ``LiveEstimate``)."""
         if self.speed.due() and self.cost.known and self.cost.learn:
-            ctx = context_units(sum(self.contexts.get(r, 0) for r in decisions)) if self.contexts else 0.0
+            ctx = round_units(sum(map(self.contexts.get, decisions, repeat(0.0)))) if self.contexts else 0.0
             self.speed.learn_step(self.cost, seconds, decisions, tokens, self._fixed_yield, self.idle_drafter_runs, ctx)
 
     def _fixed_yield(self, phase: Phase) -> float:

@@ -34,9 +34,9 @@ overridden or not.  Requests with an override are counted per policy label as we
 (``stats.record_policy``); those without one are the server's policy.
 
 Context (a policy with a ``contexts`` dict): before each step's gate and plan,
-``contexts[request_id]`` holds the request's prompt and output tokens; a decode step's
-``observe_step`` gets the step's context tokens and its verified drafts times their requests'
-context tokens (a request freed before its last output counts at its last context).
+``contexts[request_id]`` holds the request's prompt and output tokens in ``costs.context_units``;
+a decode step's ``observe_step`` gets the step's context and its verified drafts times their
+requests' contexts, in the same units (a request freed before its last output counts at its last).
 
 Requests touched: ``request_id``, ``prompt_token_ids`` (``num_prompt_tokens`` where present),
 ``output_token_ids``, ``spec_token_ids``
@@ -48,8 +48,11 @@ parser-backed detector.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from itertools import repeat
+from operator import itemgetter, mul
 from typing import Any, NamedTuple
 
+from dspark_dynamic.core.costs import CONTEXT_UNIT, context_units, round_units
 from dspark_dynamic.core.phase import Phase, PhaseDetector, PhaseTracker
 from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, apply_batch_depth
 from dspark_dynamic.core.request_policy import RequestPolicy
@@ -95,9 +98,9 @@ class DepthController:
         self.overrides: dict[str, tuple[int, int]] = {}  # request -> its own depths, by phase
         self.labels: dict[str, str] = {}  # request -> its own policy's label (overridden requests)
         self._ended: dict[str, str] = {}  # labels of requests freed since the last step's output
-        self._contexts: dict[str, int] | None = getattr(policy, "contexts", None)  # the policy's, filled here
+        self._contexts: dict[str, float] | None = getattr(policy, "contexts", None)  # the policy's, filled here
         self._prompts: dict[str, int] = {}  # prompt tokens per request (where contexts are kept)
-        self._ended_contexts: dict[str, int] = {}  # contexts of requests freed since the last step's output
+        self._ended_contexts: dict[str, float] = {}  # contexts of requests freed since the last decode step
         self._gate = getattr(policy, "gate", None)  # a batch policy decides what each step verifies
         self._plan = getattr(policy, "plan", None)  # ... and how deep the batch drafts
         self._begin = getattr(policy, "begin_step", None)
@@ -162,7 +165,7 @@ class DepthController:
             phase = state.advance(rules, output)
             seen[req_id] = (phase, len(output))
             if contexts is not None:
-                contexts[req_id] = prompts[req_id] + len(output)
+                contexts[req_id] = round_units((prompts[req_id] + len(output)) / CONTEXT_UNIT)  # (context_units)
             if request.spec_token_ids:
                 drafting.append((request, phase))
             else:  # no drafts: none offered (-1), or none asked for (depth 0 planned)
@@ -269,7 +272,7 @@ class DepthController:
             else:
                 rows.append((self.phase_of(request), req_id))
                 if self._contexts is not None:
-                    self._contexts[req_id] = self._prompts[req_id] + len(request.output_token_ids)
+                    self._contexts[req_id] = context_units(self._prompts[req_id] + len(request.output_token_ids))
         if not rows:
             return None
         if self.overrides:
@@ -337,28 +340,21 @@ class DepthController:
                 step.seconds, verified_tokens, step.num_requests, step.draft_depth, step.decode_only
             )
             if step.decode_only:
-                if self._contexts is not None:
-                    self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth,
-                                             *self._step_context(decisions, counted))
-                else:
-                    self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth)
+                extra = self._step_context(decisions, counted) if self._contexts is not None else ()
+                self.policy.observe_step(step.seconds, verified_tokens, step.num_requests, step.draft_depth, *extra)
                 if self._account is not None:
                     self._account(step.seconds, decisions, tokens)
-        if self._ended_contexts:
-            self._ended_contexts.clear()
 
     def _step_context(self, decisions: Mapping[str, tuple[Phase, int]],
-                      counted: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
-        """The step's context tokens, and its verified drafts times their requests' context tokens."""
-        contexts, ended = self._contexts, self._ended_contexts
-        total = weighted = 0
-        for req_id in decisions:
-            c = contexts.get(req_id) or ended.get(req_id, 0)
-            total += c
-            counts = counted.get(req_id)
-            if counts is not None:
-                weighted += counts[0] * c
-        return total, weighted
+                      counted: Mapping[str, tuple[int, int]]) -> tuple[float, float]:
+        """The step's context, and its verified drafts times their requests' contexts (C-level maps:
+        the hot path)."""
+        contexts = self._contexts
+        if self._ended_contexts:
+            contexts = {**contexts, **self._ended_contexts}
+            self._ended_contexts.clear()
+        return (sum(map(contexts.get, decisions, repeat(0.0))),
+                sum(map(mul, map(itemgetter(0), counted.values()), map(contexts.get, counted, repeat(0.0)))))
 
     def _count_by_policy(self, decisions: Mapping[str, tuple[Phase, int]], counted: Mapping[str, tuple[int, int]],
                          tokens: Mapping[str, int]) -> None:

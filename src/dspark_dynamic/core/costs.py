@@ -27,30 +27,32 @@ at its own request's context; they are 0 where the policy does not read context.
   step is fitted divided by a speed estimated from the steps around it, so steps of one shape
   measured in one stretch share that estimate's error (a request slower or faster than the one
   before, while ``speed`` catches up); counted as independent, a few stretches would make the
-  posterior sure of a price it has not measured, and a choice it rules out is never tried again.  With the cap, a price only a few
-  stretches told apart keeps the width that lets Thompson sampling try it again.
+  posterior sure of a price it has not measured, and a choice it rules out is never tried again.
+  With the cap, a price only a few stretches told apart keeps the width that lets Thompson
+  sampling try it again.
 - Robust: a step's residual is clipped at ``CLIP`` times the running mean absolute residual
   before it is fitted (a stray slow step on a shared machine, a compilation, an allocator stall).
 - A step that drafts after one that drafted nothing, where the idle drafter was skipped, also
   runs the drafter over the positions it missed: the ``resumed`` feature prices that once.
 
 Invariants: the posterior covariance stays symmetric positive definite (prior precision plus a
-weighted Gram matrix); the data's statistics are kept per step shape (one dict update per step,
-O(1) on the scheduler's critical path) and solved every ``SOLVE_EVERY`` steps (more often while
-fresh, and when a drafting depth is first seen: see there); without
+weighted Gram matrix); the data's statistics are kept per step shape, its contexts as weighted
+sums of their products (one dict update per step, O(1) on the scheduler's critical path) and
+solved every ``SOLVE_EVERY`` steps (more often while fresh, and when a drafting depth is first
+seen: see there); without
 ``learn`` the costs are the prior's, in units of a plain one-request decode step.
 ``predict_one`` and ``sample`` are at the steady speed; ``speed * predict_one(x)`` is the step's
 time now.
 
-``ShapeTable`` is the alternative the peers use (a mean time per shape, nothing shared between
-shapes); ``scripts/cost_models.py`` measures both on recorded steps.
+``dspark_lab.shape_table.ShapeTable`` is the alternative the peers use (a mean time per shape,
+nothing shared between shapes); ``scripts/cost_models.py`` measures both on recorded steps.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from operator import mul
+from operator import add, mul
 from typing import NamedTuple
 
 from dspark_dynamic.core.draws import normals
@@ -89,16 +91,19 @@ class Shape(NamedTuple):
     verified_context: float = 0.0  # each verified draft at its request's ``context_units``, summed
 
 
-N_SHAPE = len(Shape._fields)
+_NO_CONTEXT = (0.0,) * 7  # an entry's context sums before any (see ``StepCost.learn_one``)
+_frexp, _ldexp = math.frexp, math.ldexp
+
+
+def round_units(units: float) -> float:
+    """``units`` (>= 0) floored to 5 significant bits (at most 6.25 % below): steps of nearly one
+    context share a shape, so a growing context adds one every few percent."""
+    return _ldexp(int(_frexp(units)[0] * 32.0), _frexp(units)[1] - 5)  # (one line: runs every request-step)
 
 
 def context_units(tokens: float) -> float:
-    """``tokens / CONTEXT_UNIT`` rounded to 4 significant bits (within 6.25 %): steps of nearly the
-    same context share one shape, so a growing context adds a shape every few percent."""
-    if tokens <= 0.0:
-        return 0.0
-    m, e = math.frexp(tokens / CONTEXT_UNIT)
-    return math.ldexp(round(m * 16.0), e - 4)
+    """``tokens`` of context in ``CONTEXT_UNIT`` units, rounded (``round_units``)."""
+    return round_units(tokens / CONTEXT_UNIT)
 
 
 def features(shape: Shape) -> tuple[float, ...]:
@@ -175,10 +180,10 @@ class StepCost:
         self._keep = 1.0 - 1.0 / MEMORY
         self._grow = 1.0 / self._keep
         self._w = 1.0  # weight of the next step (grows; renormalised at each solve)
-        # per shape seen: [its features, ``predict_one`` of them until the mean moves, sum w,
-        # sum w y, sum w y^2, ``_nonzero`` of the features] (a policy's shapes map one to one to
-        # their features)
-        self._entries: dict[Shape, list] = {}
+        # per shape seen (its first five fields): [its features without context, ``predict_one`` of
+        # them until the mean moves, sum w, sum w y, sum w y^2, ``_nonzero`` of the features, sums
+        # of w (c, cv, c c, c cv, cv cv, c y, cv y) over its contexts c and verified contexts cv]
+        self._entries: dict[tuple, list] = {}
         self.abs_err = 0.0
         self.noise = 0.0  # residual variance (seconds^2, at the steady speed)
         self.speed = 1.0  # the machine's speed lately over its speed in the model's memory (see above)
@@ -198,17 +203,14 @@ class StepCost:
 
     def learn_one(self, shape: Shape, seconds: float) -> None:
         """Add one decode step (O(1): one shape's sums; a solve every ``SOLVE_EVERY`` steps).
-        ``shape`` may be a plain tuple of ``Shape``'s fields (all of them: it then hashes and
-        compares as one)."""
+        ``shape`` may be a plain tuple of ``Shape``'s fields (the first five, or all seven)."""
         if not self.learn or seconds <= 0.0 or shape[0] <= 0:
             return
-        if len(shape) < N_SHAPE:  # (a short tuple would not find its own entry)
-            shape = Shape(*shape)
-        entry = self._entries.get(shape)
+        key = shape[:5]  # the shape without its contexts (summed in the entry's context sums)
+        entry = self._entries.get(key)
         if entry is None:
-            shape = Shape(*shape)
-            x = features(shape)
-            entry = self._entries[shape] = [x, None, 0.0, 0.0, 0.0, _nonzero(x)]
+            x = features(Shape(*key))
+            entry = self._entries[key] = [x, None, 0.0, 0.0, 0.0, _nonzero(x), _NO_CONTEXT]
         if self.scale == 1.0 and self.solved == 0:
             x = entry[0]
             self._warm.append((seconds, x))
@@ -219,6 +221,8 @@ class StepCost:
         pred = entry[1]
         if pred is None:  # the mean changes only at a solve
             pred = entry[1] = self.predict_one(entry[0])
+        c, cv = (shape[5], shape[6]) if len(shape) > 5 else (0.0, 0.0)
+        pred += self.mean[CONTEXT] * c + self.mean[VERIFIED_CONTEXT] * cv
         speed = self.speed
         if pred > 0.0:  # the machine's speed: running geometric means of clipped ratios, lately and over MEMORY
             ratio = seconds / pred
@@ -242,6 +246,8 @@ class StepCost:
         wy = w * y
         entry[3] += wy
         entry[4] += wy * y
+        if c or cv:  # w times (c, cv, c c, c cv, cv cv, c y, cv y), summed
+            entry[6] = tuple(map(add, entry[6], (wc := w * c, wv := w * cv, wc * c, wc * cv, wv * cv, wc * y, wv * y)))
         fitted = self.fitted = self.fitted + 1
         if shape[2] not in self._depths_seen:
             self._depths_seen.add(shape[2])
@@ -276,27 +282,29 @@ class StepCost:
         xx = [0.0] * (n * n)  # the weighted Gram matrix, row by row (its upper triangle, then mirrored)
         xy = [0.0] * n
         yy = weight = 0.0
-        groups: dict[tuple, float] = {}  # a shape's weight summed over its contexts
         for shape, entry in list(self._entries.items()):
-            w = entry[2] = entry[2] * scale
+            w, wy, wyy = entry[2] * scale, entry[3] * scale, entry[4] * scale
             if w < 1e-9:  # forgotten: a shape seen again starts new sums
                 del self._entries[shape]
                 continue
-            entry[3] *= scale
-            entry[4] *= scale
-            groups[shape[:5]] = groups.get(shape[:5], 0.0) + w
-        for shape, entry in self._entries.items():
-            w, wy, wyy = entry[2], entry[3], entry[4]
-            group = groups[shape[:5]]
-            if group > SHAPE_EVIDENCE:  # the shape's mean and spread, at most SHAPE_EVIDENCE steps' weight
-                shrink = SHAPE_EVIDENCE / group  # (over all its contexts together)
-                w, wy, wyy = w * shrink, wy * shrink, wyy * shrink
+            entry[2], entry[3], entry[4] = w, wy, wyy
+            ctx = entry[6] = tuple(v * scale for v in entry[6])
+            if w > SHAPE_EVIDENCE:  # the shape's mean and spread, at most SHAPE_EVIDENCE steps' weight
+                shrink = SHAPE_EVIDENCE / w  # (over all its contexts together)
+                w, wy, wyy, ctx = SHAPE_EVIDENCE, wy * shrink, wyy * shrink, tuple(v * shrink for v in ctx)
             weight += w
             yy += wyy
             for i, v in entry[5][0]:
                 xy[i] += wy * v
+                xx[i * n + CONTEXT] += v * ctx[0]  # (the context features are the last two)
+                xx[i * n + VERIFIED_CONTEXT] += v * ctx[1]
             for ij, vv in entry[5][1]:
                 xx[ij] += w * vv
+            xx[CONTEXT * n + CONTEXT] += ctx[2]
+            xx[CONTEXT * n + VERIFIED_CONTEXT] += ctx[3]
+            xx[VERIFIED_CONTEXT * n + VERIFIED_CONTEXT] += ctx[4]
+            xy[CONTEXT] += ctx[5]
+            xy[VERIFIED_CONTEXT] += ctx[6]
         if weight <= 0.0:
             return
         # residual variance at the current mean (what the data says of the noise), floored so a
@@ -329,7 +337,7 @@ class StepCost:
         for entry in self._entries.values():
             w = entry[2]
             if w > 0.0:
-                x = entry[0]
+                x = entry[0][:CONTEXT] + (entry[6][0] / w, entry[6][1] / w)  # at the shape's mean contexts
                 before, after = sum(map(mul, old, x)), sum(map(mul, self.mean, x))
                 if before > 0.0 and after > 0.0:
                     moved += w * math.log(after / before)
@@ -364,34 +372,3 @@ class StepCost:
         terms = ", ".join(f"{name} {c / unit:.3f}" for name, c in zip(NAMES, self.mean) if abs(c) > 1e-3 * unit)
         where = "learned" if self.learn and self.solved else "given"
         return f"step cost ({where}, plain step {1e3 * unit:.2f} ms = 1): {terms}"
-
-
-class ShapeTable:
-    """A mean step time per shape with forgetting and the same clipping (what the peers tabulate);
-    an unseen shape is predicted by the nearest seen one with the same requests, else by
-    ``fallback``."""
-
-    def __init__(self, memory: float = MEMORY) -> None:
-        self.keep = 1.0 - 1.0 / memory
-        self.cells: dict[Shape, list[float]] = {}  # shape -> [weight, mean, mean absolute residual]
-
-    def learn_one(self, shape: Shape, seconds: float) -> None:
-        cell = self.cells.get(shape)
-        if cell is None:
-            self.cells[shape] = [1.0, seconds, 0.0]
-            return
-        err = seconds - cell[1]
-        if cell[2] > 0.0:
-            bound = CLIP * cell[2]
-            err = -bound if err < -bound else (bound if err > bound else err)
-        cell[2] = abs(err) if cell[2] == 0.0 else 0.98 * cell[2] + 0.02 * abs(err)
-        cell[0] = cell[0] * self.keep + 1.0
-        cell[1] += err / cell[0]
-
-    def predict_one(self, shape: Shape, fallback: float | None = None) -> float | None:
-        cell = self.cells.get(shape)
-        if cell is not None:
-            return cell[1]
-        near = [(abs(s.verified - shape.verified) + abs(s.drafted - shape.drafted), c[1])
-                for s, c in self.cells.items() if s.requests == shape.requests]
-        return min(near)[1] if near else fallback

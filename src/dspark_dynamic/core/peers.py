@@ -80,7 +80,7 @@ class _Peer:
             self.calibrators[phase].observe(features, verified, accepted)
 
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
-                     context: int = 0, verified_context: int = 0) -> None:
+                     context: float = 0.0, verified_context: float = 0.0) -> None:
         return None
 
     def forget(self, request_id: str) -> None:
@@ -177,7 +177,7 @@ class VllmAdaptiveVerification(_Peer):
         return depths
 
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
-                     context: int = 0, verified_context: int = 0) -> None:
+                     context: float = 0.0, verified_context: float = 0.0) -> None:
         if self._skip:
             self._skip -= 1
             return
@@ -224,7 +224,7 @@ class FreeTokenWidth(_Peer):
         return [min(k, a) for _p, _r, _f, a in items]
 
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
-                     context: int = 0, verified_context: int = 0) -> None:
+                     context: float = 0.0, verified_context: float = 0.0) -> None:
         if self._skip:
             self._skip -= 1
             return
@@ -259,7 +259,7 @@ class BreakEvenPause(_Peer):
         self._accepted += accepted
 
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
-                     context: int = 0, verified_context: int = 0) -> None:
+                     context: float = 0.0, verified_context: float = 0.0) -> None:
         accepted, self._accepted = self._accepted, 0
         r = num_requests
         if draft_depth <= 0 and verified_tokens == 0:  # a plain step

@@ -38,7 +38,7 @@ class DepthPolicy(Protocol):
     def observe(self, phase: Phase, verified: int, accepted: int, request_id: str | None = None) -> None: ...
 
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
-                     context: int = 0, verified_context: int = 0) -> None:
+                     context: float = 0.0, verified_context: float = 0.0) -> None:
         """A decode-only step's busy time, drafts verified, requests and drafts asked per request."""
 
     def forget(self, request_id: str) -> None: ...
@@ -59,7 +59,7 @@ class PhasePolicy:
         return None
 
     def observe_step(self, seconds: float, verified_tokens: int, num_requests: int, draft_depth: int,
-                     context: int = 0, verified_context: int = 0) -> None:
+                     context: float = 0.0, verified_context: float = 0.0) -> None:
         return None
 
     def forget(self, request_id: str) -> None:
