@@ -6,9 +6,8 @@ position's rate, the persistence of outcomes, each request's record; with draft 
 phase's ``confidence.ConfidenceCalibrator``), ``decide`` (``admit``: what this step verifies,
 ranked by survival per unit of each draft's own verify time; ``drafting_depth``: how deep the
 batch drafts next; both maximise expected tokens per expected second), ``estimate`` (the live
-estimate against plain decoding and the fixed depth), and this glue.  ``contexts`` (per request,
-set by the caller before a step's gate and plan) feeds the context features; without it
-(``context_features=False``) all drafts are priced alike.
+estimate against plain decoding and the fixed depth), and this glue.  ``contexts`` (per request, set
+before a step's gate and plan) feeds the context features (``context_features=False``: none).
 
 Each step decides under one draw of the costs, of each phase's rates and calibrator and of each
 request's own record (Thompson sampling; a draw holds ``DRAW_EVERY`` steps, a request's until it
@@ -38,7 +37,6 @@ from __future__ import annotations
 
 import random
 from itertools import repeat
-from operator import itemgetter
 from typing import NamedTuple
 
 from dspark_dynamic.core.acceptance import (GateSample, Persistence, PositionRates, RequestRecord, logit, shifted,
@@ -59,7 +57,6 @@ MIN_LABELS = 16
 DRAW_EVERY = 4
 _FRESH = object()  # in a gate's key: a request's survivals are fresh each step, so not kept
 _REASONING = Phase.REASONING  # (an enum member read from its class costs ~0.1 us a step)
-_ID = itemgetter(1)  # a plan row's or gate item's request id
 
 
 class _PhaseDraw(NamedTuple):
@@ -98,8 +95,8 @@ class AdaptivePolicy:
         self.gated = {p: GateSample(self.n) for p in Phase}
         self.offsets: dict[str, list[float] | None] = {}  # per request: the offsets of its last gate
         self.speed = LiveEstimate(self.n, DRAW_EVERY, seed + 1)  # (``account_step``)
-        # per request, its context in ``costs.context_units``, set by the caller before each step's gate
-        # and plan (None: the policy prices every request's drafts alike, whatever their context)
+        # per request, its context in ``costs.context_units``, set (and dropped when it ends) by the caller
+        # before each step's gate and plan (None: every request's drafts priced alike, whatever its context)
         self.contexts: dict[str, float] | None = {} if context_features else None
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
@@ -114,7 +111,7 @@ class AdaptivePolicy:
         # costs the step, and verified depths (by what they depend on, ``gate``)
         self._plans: dict[tuple, tuple[int, float]] = {}
         self._gates: dict[tuple, list[int]] = {}
-        self._step_terms: dict[int, tuple] = {}  # ``_terms`` by batch (negative: resuming), this draw
+        self._step_terms: dict = {}  # ``_terms`` by batch (negative: resuming), ``_priced`` by contexts, this draw
         self._yields: dict[Phase, float] = {}  # ``estimate.fixed_yield`` per phase, this draw
         self._last_drafted = -1  # the drafter's depth in the previous step (-1: none seen)
         self._drafting_now = 0.0  # what the drafting planned for this step costs it
@@ -200,7 +197,7 @@ class AdaptivePolicy:
             depth = max(self.defaults[p] for p, _ in rows)
             kept = (depth, self._terms(requests)[1][depth])
         else:
-            units = list(map(self.contexts.get, map(_ID, rows), repeat(0.0))) if self.contexts else None
+            units = [self.contexts.get(r, 0.0) for _p, r in rows] if self.contexts else None
             key = (self._plan_key(rows), tuple(units)) if units else self._plan_key(rows)  # (contexts by row)
             if (kept := self._plans.get(key)) is None:
                 (base, verify, first), drafting = self._terms(requests)
@@ -211,12 +208,16 @@ class AdaptivePolicy:
         return [kept[0]] * requests
 
     def _priced(self, base: float, verify: float, units: list[float] | None) -> tuple[float, float | list[float]]:
-        """This draw's base and per-request verify times at ``units`` of context (totals floored, not terms)."""
+        """This draw's base and per-request verify times at ``units`` of context (totals floored, not
+        terms; kept for the draw)."""
         if not units:
             return base, verify
-        t, floor = self._theta, 0.05 * self.cost.scale * len(units)
-        base = t[STEP] + t[REQUEST] * len(units) + t[CONTEXT] * sum(units)
-        return (base if base > floor else floor), [max(t[VERIFIED] + t[VERIFIED_CONTEXT] * u, 0.0) for u in units]
+        if (kept := self._step_terms.get(key := tuple(units))) is None:
+            t, floor = self._theta, 0.05 * self.cost.scale * len(units)
+            base = t[STEP] + t[REQUEST] * len(units) + t[CONTEXT] * sum(units)
+            kept = self._step_terms[key] = ((base if base > floor else floor),
+                                            [max(t[VERIFIED] + t[VERIFIED_CONTEXT] * u, 0.0) for u in units])
+        return kept
 
     def _plan_key(self, rows: list[tuple[Phase, str | None]]) -> tuple:
         """What a batch's drafting decision depends on under the current draws: how many requests
@@ -314,7 +315,7 @@ class AdaptivePolicy:
             else:
                 survivals.append(draw.drawn_survival[:available])
                 key.append((phase, available, 0))
-        units = list(map(self.contexts.get, map(_ID, items), repeat(0.0))) if self.contexts else None
+        units = [self.contexts.get(r, 0.0) for _p, r, _f, _a in items] if self.contexts else None
         key.append(units and tuple(units))
         kept = self._gates.get(key := tuple(key))
         if kept is not None:
@@ -356,8 +357,10 @@ class AdaptivePolicy:
         """``context``, ``verified_context``: the step's, and its verified drafts x theirs (``context_units``)."""
         drafted = max(draft_depth, 0)
         resumed = self.drafter_catches_up and drafted > 0 and self._last_drafted == 0
-        shape = (num_requests, verified_tokens, drafted, resumed, self.idle_drafter_runs)
-        self.cost.learn_one(shape if self.contexts is None else (*shape, context, verified_context), seconds)
+        if self.contexts is None:
+            context = verified_context = 0.0
+        self.cost.learn_one((num_requests, verified_tokens, drafted, resumed, self.idle_drafter_runs), seconds,
+                            context, verified_context)
         self._last_drafted = drafted
 
     def account_step(self, seconds: float, decisions: dict[str, tuple[Phase, int]], tokens: dict[str, int]) -> None:
@@ -380,8 +383,6 @@ class AdaptivePolicy:
         return self.speed.predict_one()
 
     def forget(self, request_id: str) -> None:
-        if self.contexts:
-            self.contexts.pop(request_id, None)
         self.records.pop(request_id, None)
         self._request_draws.pop(request_id, None)
         self.offsets.pop(request_id, None)

@@ -48,8 +48,6 @@ parser-backed detector.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from itertools import repeat
-from operator import itemgetter, mul
 from typing import Any, NamedTuple
 
 from dspark_dynamic.core.costs import CONTEXT_UNIT, context_units, round_units
@@ -347,14 +345,18 @@ class DepthController:
 
     def _step_context(self, decisions: Mapping[str, tuple[Phase, int]],
                       counted: Mapping[str, tuple[int, int]]) -> tuple[float, float]:
-        """The step's context, and its verified drafts times their requests' contexts (C-level maps:
-        the hot path)."""
+        """The step's context, and its verified drafts times their requests' contexts."""
         contexts = self._contexts
         if self._ended_contexts:
             contexts = {**contexts, **self._ended_contexts}
             self._ended_contexts.clear()
-        return (sum(map(contexts.get, decisions, repeat(0.0))),
-                sum(map(mul, map(itemgetter(0), counted.values()), map(contexts.get, counted, repeat(0.0)))))
+        get, total, weighted = contexts.get, 0.0, 0.0
+        for req_id in decisions:
+            c = get(req_id, 0.0)
+            total += c
+            if (counts := counted.get(req_id)) is not None:
+                weighted += counts[0] * c
+        return total, weighted
 
     def _count_by_policy(self, decisions: Mapping[str, tuple[Phase, int]], counted: Mapping[str, tuple[int, int]],
                          tokens: Mapping[str, int]) -> None:

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import random
-from operator import add, mul
+from operator import mul
 from typing import NamedTuple
 
 from dspark_dynamic.core.draws import normals
@@ -91,14 +91,14 @@ class Shape(NamedTuple):
     verified_context: float = 0.0  # each verified draft at its request's ``context_units``, summed
 
 
-_NO_CONTEXT = (0.0,) * 7  # an entry's context sums before any (see ``StepCost.learn_one``)
 _frexp, _ldexp = math.frexp, math.ldexp
 
 
 def round_units(units: float) -> float:
     """``units`` (>= 0) floored to 5 significant bits (at most 6.25 % below): steps of nearly one
     context share a shape, so a growing context adds one every few percent."""
-    return _ldexp(int(_frexp(units)[0] * 32.0), _frexp(units)[1] - 5)  # (one line: runs every request-step)
+    m, e = _frexp(units)
+    return _ldexp(int(m * 32.0), e - 5)
 
 
 def context_units(tokens: float) -> float:
@@ -201,16 +201,20 @@ class StepCost:
         m = self.mean
         return sum(m[i] * v for i, v in enumerate(x) if v)
 
-    def learn_one(self, shape: Shape, seconds: float) -> None:
+    def learn_one(self, shape: Shape, seconds: float, context: float = 0.0, verified_context: float = 0.0) -> None:
         """Add one decode step (O(1): one shape's sums; a solve every ``SOLVE_EVERY`` steps).
-        ``shape`` may be a plain tuple of ``Shape``'s fields (the first five, or all seven)."""
+        ``shape`` may be a plain tuple of ``Shape``'s first five fields, with the contexts given
+        apart (the hot path), or a whole ``Shape``."""
         if not self.learn or seconds <= 0.0 or shape[0] <= 0:
             return
-        key = shape[:5]  # the shape without its contexts (summed in the entry's context sums)
+        if len(shape) > 5:
+            key, context, verified_context = shape[:5], shape[5], shape[6]
+        else:
+            key = shape
         entry = self._entries.get(key)
         if entry is None:
             x = features(Shape(*key))
-            entry = self._entries[key] = [x, None, 0.0, 0.0, 0.0, _nonzero(x), _NO_CONTEXT]
+            entry = self._entries[key] = [x, None, 0.0, 0.0, 0.0, _nonzero(x), [0.0] * 7]
         if self.scale == 1.0 and self.solved == 0:
             x = entry[0]
             self._warm.append((seconds, x))
@@ -221,8 +225,9 @@ class StepCost:
         pred = entry[1]
         if pred is None:  # the mean changes only at a solve
             pred = entry[1] = self.predict_one(entry[0])
-        c, cv = (shape[5], shape[6]) if len(shape) > 5 else (0.0, 0.0)
-        pred += self.mean[CONTEXT] * c + self.mean[VERIFIED_CONTEXT] * cv
+        c, cv = context, verified_context
+        if c or cv:  # (the cached prediction leaves them out)
+            pred += self.mean[CONTEXT] * c + self.mean[VERIFIED_CONTEXT] * cv
         speed = self.speed
         if pred > 0.0:  # the machine's speed: running geometric means of clipped ratios, lately and over MEMORY
             ratio = seconds / pred
@@ -247,7 +252,14 @@ class StepCost:
         entry[3] += wy
         entry[4] += wy * y
         if c or cv:  # w times (c, cv, c c, c cv, cv cv, c y, cv y), summed
-            entry[6] = tuple(map(add, entry[6], (wc := w * c, wv := w * cv, wc * c, wc * cv, wv * cv, wc * y, wv * y)))
+            s, wc, wv = entry[6], w * c, w * cv
+            s[0] += wc
+            s[1] += wv
+            s[2] += wc * c
+            s[3] += wc * cv
+            s[4] += wv * cv
+            s[5] += wc * y
+            s[6] += wv * y
         fitted = self.fitted = self.fitted + 1
         if shape[2] not in self._depths_seen:
             self._depths_seen.add(shape[2])
@@ -288,7 +300,7 @@ class StepCost:
                 del self._entries[shape]
                 continue
             entry[2], entry[3], entry[4] = w, wy, wyy
-            ctx = entry[6] = tuple(v * scale for v in entry[6])
+            ctx = entry[6] = [v * scale for v in entry[6]]
             if w > SHAPE_EVIDENCE:  # the shape's mean and spread, at most SHAPE_EVIDENCE steps' weight
                 shrink = SHAPE_EVIDENCE / w  # (over all its contexts together)
                 w, wy, wyy, ctx = SHAPE_EVIDENCE, wy * shrink, wyy * shrink, tuple(v * shrink for v in ctx)
