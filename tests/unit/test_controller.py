@@ -301,6 +301,29 @@ def test_a_policy_that_reads_contexts_gets_each_requests_context_and_each_steps(
     assert policy.steps[-1] == (1, pytest.approx(s15), pytest.approx(s15))  # the freed request counted once
 
 
+def test_a_requests_context_follows_its_output_at_every_step():
+    """Refreshed only where its units change, a request's context is still what its prompt and
+    output tokens say at every gate and plan (also where the output grew in between)."""
+    import random
+
+    rng = random.Random(3)
+    policy = ContextPolicy()
+    ctl = DepthController(RULES, policy)
+    reqs = [FakeRequest(f"r{p}", [1] * p + [E]) for p in (0, 30, 1000, 4090, 70_000)]
+    for _ in range(400):
+        for r in reqs:
+            r.output_token_ids += [3] * rng.randint(1, 9)
+            r.spec_token_ids = [7, 8]
+        ctl.before_schedule(reqs)
+        assert policy.contexts == {r.request_id: context_units(len(r.prompt_token_ids) + len(r.output_token_ids))
+                                   for r in reqs}
+        grown = reqs[rng.randrange(len(reqs))]
+        grown.output_token_ids += [3] * rng.randint(0, 40)  # the output grew after the schedule
+        ctl.plan_drafts(reqs)
+        assert policy.contexts[grown.request_id] == context_units(len(grown.prompt_token_ids)
+                                                                  + len(grown.output_token_ids))
+
+
 def test_a_policy_without_contexts_gets_the_step_as_before():
     from dspark_dynamic.core.controller import StepTiming
 

@@ -1,5 +1,6 @@
 """The step cost model: learned online, forgetting, robust, with a posterior (pure logic)."""
 
+import math
 import random
 import statistics
 
@@ -282,3 +283,13 @@ def test_a_shapes_contexts_share_its_evidence():
     # spread over 62 contexts: no narrower (uncapped per context it would be ~5x narrower); wider,
     # as the split between the per-draft price and its context price is less certain
     assert sds[1] * 0.7 < sds[0] < sds[1] * 4.0
+
+
+def test_context_units_hold_until_the_length_they_change_at():
+    for tokens in list(range(0, 5000)) + [65_535, 65_536, 262_143, 999_999]:
+        units, change = costs.context_units_until(tokens)
+        assert units == context_units(tokens)
+        first = math.ceil(change)
+        assert first > tokens
+        assert context_units(first - 1) == units  # the same units up to the change (they never fall)
+        assert context_units(first) != units  # and new ones from it

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import random
 from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 from dspark_dynamic.core.acceptance import (GateSample, Persistence, PositionRates, RequestRecord, logit, shifted,
@@ -57,6 +58,7 @@ MIN_LABELS = 16
 DRAW_EVERY = 4
 _FRESH = object()  # in a gate's key: a request's survivals are fresh each step, so not kept
 _REASONING = Phase.REASONING  # (an enum member read from its class costs ~0.1 us a step)
+_REQUEST = itemgetter(1)  # a plan row's or gate item's request id (C-level: the contexts are read per step)
 
 
 class _PhaseDraw(NamedTuple):
@@ -197,8 +199,8 @@ class AdaptivePolicy:
             depth = max(self.defaults[p] for p, _ in rows)
             kept = (depth, self._terms(requests)[1][depth])
         else:
-            units = [self.contexts.get(r, 0.0) for _p, r in rows] if self.contexts else None
-            key = (self._plan_key(rows), tuple(units)) if units else self._plan_key(rows)  # (contexts by row)
+            units = tuple(map(self.contexts.get, map(_REQUEST, rows), repeat(0.0))) if self.contexts else None
+            key = (self._plan_key(rows), units) if units else self._plan_key(rows)  # (contexts by row)
             if (kept := self._plans.get(key)) is None:
                 (base, verify, first), drafting = self._terms(requests)
                 base, verify = self._priced(base, verify, units)
@@ -207,15 +209,15 @@ class AdaptivePolicy:
         self._drafting_now = kept[1]
         return [kept[0]] * requests
 
-    def _priced(self, base: float, verify: float, units: list[float] | None) -> tuple[float, float | list[float]]:
+    def _priced(self, base: float, verify: float, units: tuple[float, ...] | None) -> tuple[float, float | list[float]]:
         """This draw's base and per-request verify times at ``units`` of context (totals floored, not
         terms; kept for the draw)."""
         if not units:
             return base, verify
-        if (kept := self._step_terms.get(key := tuple(units))) is None:
+        if (kept := self._step_terms.get(units)) is None:
             t, floor = self._theta, 0.05 * self.cost.scale * len(units)
             base = t[STEP] + t[REQUEST] * len(units) + t[CONTEXT] * sum(units)
-            kept = self._step_terms[key] = ((base if base > floor else floor),
+            kept = self._step_terms[units] = ((base if base > floor else floor),
                                             [max(t[VERIFIED] + t[VERIFIED_CONTEXT] * u, 0.0) for u in units])
         return kept
 
@@ -315,8 +317,8 @@ class AdaptivePolicy:
             else:
                 survivals.append(draw.drawn_survival[:available])
                 key.append((phase, available, 0))
-        units = [self.contexts.get(r, 0.0) for _p, r, _f, _a in items] if self.contexts else None
-        key.append(units and tuple(units))
+        units = tuple(map(self.contexts.get, map(_REQUEST, items), repeat(0.0))) if self.contexts else None
+        key.append(units)
         kept = self._gates.get(key := tuple(key))
         if kept is not None:
             return kept

@@ -50,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from dspark_dynamic.core.costs import CONTEXT_UNIT, context_units, round_units
+from dspark_dynamic.core.costs import context_units_until
 from dspark_dynamic.core.phase import Phase, PhaseDetector, PhaseTracker
 from dspark_dynamic.core.policy import BatchDepth, DepthPolicy, apply_batch_depth
 from dspark_dynamic.core.request_policy import RequestPolicy
@@ -97,7 +97,9 @@ class DepthController:
         self.labels: dict[str, str] = {}  # request -> its own policy's label (overridden requests)
         self._ended: dict[str, str] = {}  # labels of requests freed since the last step's output
         self._contexts: dict[str, float] | None = getattr(policy, "contexts", None)  # the policy's, filled here
-        self._prompts: dict[str, int] = {}  # prompt tokens per request (where contexts are kept)
+        # per request (where contexts are kept): [its prompt tokens, the output length from which its
+        # context units change next] (``costs.context_units_until``: refreshed only then)
+        self._context_at: dict[str, list] = {}
         self._ended_contexts: dict[str, float] = {}  # contexts of requests freed since the last decode step
         self._gate = getattr(policy, "gate", None)  # a batch policy decides what each step verifies
         self._plan = getattr(policy, "plan", None)  # ... and how deep the batch drafts
@@ -118,7 +120,7 @@ class DepthController:
         if self._contexts is not None:
             prompt = getattr(request, "num_prompt_tokens", None)
             prompt = prompt if isinstance(prompt, int) else len(request.prompt_token_ids or ())
-            self._prompts[request.request_id] = prompt
+            self._context_at[request.request_id] = [prompt, 0]
         if self._request_policy is not None:
             own = self._request_policy(request)
             if own is not None:
@@ -153,7 +155,7 @@ class DepthController:
         seen.clear()
         if self._begin is not None:
             self._begin()
-        states, rules, plans, contexts, prompts = self.states, self.rules, self.plans, self._contexts, self._prompts
+        states, rules, plans, contexts, context_at = self.states, self.rules, self.plans, self._contexts, self._context_at
         for request in running:
             req_id = request.request_id
             output = request.output_token_ids
@@ -161,9 +163,10 @@ class DepthController:
             if state is None:
                 state = self._track(request)
             phase = state.advance(rules, output)
-            seen[req_id] = (phase, len(output))
-            if contexts is not None:
-                contexts[req_id] = round_units((prompts[req_id] + len(output)) / CONTEXT_UNIT)  # (context_units)
+            n = len(output)
+            seen[req_id] = (phase, n)
+            if contexts is not None and n >= (at := context_at[req_id])[1]:
+                self._refresh_context(req_id, at, n)
             if request.spec_token_ids:
                 drafting.append((request, phase))
             else:  # no drafts: none offered (-1), or none asked for (depth 0 planned)
@@ -270,7 +273,9 @@ class DepthController:
             else:
                 rows.append((self.phase_of(request), req_id))
                 if self._contexts is not None:
-                    self._contexts[req_id] = context_units(self._prompts[req_id] + len(request.output_token_ids))
+                    n = len(request.output_token_ids)
+                    if n >= (at := self._context_at[req_id])[1]:
+                        self._refresh_context(req_id, at, n)
         if not rows:
             return None
         if self.overrides:
@@ -343,6 +348,12 @@ class DepthController:
                 if self._account is not None:
                     self._account(step.seconds, decisions, tokens)
 
+    def _refresh_context(self, req_id: str, at: list, output: int) -> None:
+        """The request's context units at ``output`` tokens of output, and when they change next."""
+        units, change = context_units_until(at[0] + output)
+        self._contexts[req_id] = units
+        at[1] = change - at[0]
+
     def _step_context(self, decisions: Mapping[str, tuple[Phase, int]],
                       counted: Mapping[str, tuple[int, int]]) -> tuple[float, float]:
         """The step's context, and its verified drafts times their requests' contexts."""
@@ -386,7 +397,7 @@ class DepthController:
         if label is not None:
             self._ended[request_id] = label
         if self._contexts is not None:
-            self._prompts.pop(request_id, None)
+            self._context_at.pop(request_id, None)
             context = self._contexts.pop(request_id, None)
             if context is not None:
                 self._ended_contexts[request_id] = context

@@ -106,6 +106,16 @@ def context_units(tokens: float) -> float:
     return round_units(tokens / CONTEXT_UNIT)
 
 
+def context_units_until(tokens: int) -> tuple[float, float]:
+    """``context_units(tokens)``, and the fewest tokens (>= ``tokens + 1``) at which it changes:
+    every context from ``tokens`` up to (not including) that has the same units."""
+    units = context_units(tokens)
+    if units <= 0.0:
+        return units, tokens + 1
+    m, e = _frexp(units)  # units = int(32 m) 2^(e - 5) exactly: the next value is one step up
+    return units, _ldexp(int(m * 32.0) + 1, e - 5) * CONTEXT_UNIT
+
+
 def features(shape: Shape) -> tuple[float, ...]:
     r, v, d = float(shape.requests), float(shape.verified), float(shape.drafted)
     ran = 1.0 if d > 0 or shape.idle_drafter_runs else 0.0
