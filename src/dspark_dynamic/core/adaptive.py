@@ -97,8 +97,7 @@ class AdaptivePolicy:
         self.gated = {p: GateSample(self.n) for p in Phase}
         self.offsets: dict[str, list[float] | None] = {}  # per request: the offsets of its last gate
         self.speed = LiveEstimate(self.n, DRAW_EVERY, seed + 1)  # (``account_step``)
-        # per request, its context in ``costs.context_units``, set (and dropped when it ends) by the caller
-        # before each step's gate and plan (None: every request's drafts priced alike, whatever its context)
+        # per request, its ``costs.context_units``, kept by the caller for each gate and plan (None: none read)
         self.contexts: dict[str, float] | None = {} if context_features else None
         self._rng = random.Random(seed)
         self._theta = self.cost.mean
@@ -216,9 +215,8 @@ class AdaptivePolicy:
             return base, verify
         if (kept := self._step_terms.get(units)) is None:
             t, floor = self._theta, 0.05 * self.cost.scale * len(units)
-            base = t[STEP] + t[REQUEST] * len(units) + t[CONTEXT] * sum(units)
-            kept = self._step_terms[units] = ((base if base > floor else floor),
-                                            [max(t[VERIFIED] + t[VERIFIED_CONTEXT] * u, 0.0) for u in units])
+            base = max(t[STEP] + t[REQUEST] * len(units) + t[CONTEXT] * sum(units), floor)
+            kept = self._step_terms[units] = (base, [max(t[VERIFIED] + t[VERIFIED_CONTEXT] * u, 0.0) for u in units])
         return kept
 
     def _plan_key(self, rows: list[tuple[Phase, str | None]]) -> tuple:

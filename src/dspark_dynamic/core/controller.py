@@ -8,8 +8,7 @@ Used by the scheduler adapter in four places, in this order within one engine st
   the async scheduler shares one placeholder list;
 - ``plan_drafts(scheduled)``: once vLLM has scheduled the step, choose every scheduled request's
   depth for its *next* step (a batch policy's ``plan`` sees them all at once) and return the
-  deepest, so the drafter of this step drafts no more than will be verified (``None``: nothing
-  to plan);
+  deepest, so the drafter drafts no more than will be verified (``None``: nothing to plan);
 - ``after_output(decisions, counted, tokens, step)``: count what was verified and accepted per
   phase (the numbers vLLM's own spec-decode stats counted, so both agree however a request
   ended), and hand decode-only step timings to the policy;
@@ -33,16 +32,14 @@ request.  Under ``batch_depth`` max/min the step's one depth is the max/min over
 overridden or not.  Requests with an override are counted per policy label as well
 (``stats.record_policy``); those without one are the server's policy.
 
-Context (a policy with a ``contexts`` dict): before each step's gate and plan,
-``contexts[request_id]`` holds the request's prompt and output tokens in ``costs.context_units``;
-a decode step's ``observe_step`` gets the step's context and its verified drafts times their
-requests' contexts, in the same units (a request freed before its last output counts at its last).
+Context (a policy with a ``contexts`` dict): at each step's gate and plan, ``contexts[request_id]``
+is the request's prompt and output tokens in ``costs.context_units``; a decode step's
+``observe_step`` gets the step's context and its verified drafts times their requests' contexts
+(a request freed before its last output counts at its last).
 
 Requests touched: ``request_id``, ``prompt_token_ids`` (``num_prompt_tokens`` where present),
-``output_token_ids``, ``spec_token_ids``
-(and ``all_token_ids`` when a reasoning parser's own API follows the phase).  The phase comes
-from a ``PhaseDetector``: ``PhaseRules`` (marker ids and id sequences) or the adapter's
-parser-backed detector.
+``output_token_ids``, ``spec_token_ids`` (and ``all_token_ids`` where a reasoning parser's API follows
+the phase: a ``PhaseDetector``, ``PhaseRules`` of marker ids or the adapter's parser-backed one).
 """
 
 from __future__ import annotations
@@ -97,9 +94,7 @@ class DepthController:
         self.labels: dict[str, str] = {}  # request -> its own policy's label (overridden requests)
         self._ended: dict[str, str] = {}  # labels of requests freed since the last step's output
         self._contexts: dict[str, float] | None = getattr(policy, "contexts", None)  # the policy's, filled here
-        # per request (where contexts are kept): [its prompt tokens, the output length from which its
-        # context units change next] (``costs.context_units_until``: refreshed only then)
-        self._context_at: dict[str, list] = {}
+        self._context_at: dict[str, list] = {}  # [prompt tokens, output length its units change at] per request
         self._ended_contexts: dict[str, float] = {}  # contexts of requests freed since the last decode step
         self._gate = getattr(policy, "gate", None)  # a batch policy decides what each step verifies
         self._plan = getattr(policy, "plan", None)  # ... and how deep the batch drafts
@@ -206,12 +201,8 @@ class DepthController:
     def _gated(self, drafting: list[tuple[Any, Phase]], decisions: Decisions) -> None:
         """The policy's depths for the step's drafting requests (each with its fresh confidences,
         when it has them), into ``decisions``; the features of the drafts verified are kept."""
-        items = []
         confidences = self.confidences
-        for request, phase in drafting:
-            f = confidences.pop(request.request_id, None) if confidences else None
-            n = len(request.spec_token_ids)
-            items.append((phase, request.request_id, f, n if f is None or len(f) >= n else len(f)))
+        items = self._items(drafting, confidences.pop)
         confidences.clear()  # they describe this step's drafts only
         verifying = self.verifying
         for (request, _phase), (phase, req_id, f, _n), k in zip(drafting, items, self._gate(items, self._uniform)):
@@ -232,7 +223,7 @@ class DepthController:
         gated = [row for row in drafting if row[0].request_id not in overrides]
         own: dict[str, int] = {}
         if gated:
-            for (request, _phase), k in zip(gated, self._gate_depths(gated)):
+            for (request, _phase), k in zip(gated, self._gate(self._items(gated, confidences.get), self._uniform)):
                 own[request.request_id] = k
         depths = [own[r.request_id] if r.request_id in own else overrides[r.request_id][p] for r, p in drafting]
         if self._uniform is not None:
@@ -247,16 +238,14 @@ class DepthController:
                     self.verifying[request.request_id] = f[:k]
         confidences.clear()  # they describe this step's drafts only
 
-    def _gate_depths(self, drafting: list[tuple[Any, Phase]]) -> list[int]:
-        """The policy's gate over ``drafting`` (each with its fresh confidences, which stay in
-        ``self.confidences`` for the caller)."""
-        confidences = self.confidences
-        items = []
+    def _items(self, drafting: list[tuple[Any, Phase]], take: Callable[[str, None], Any]) -> list[tuple]:
+        """The gate's items: (phase, request id, its confidences by ``take`` or None, drafts usable)."""
+        items, confidences = [], self.confidences
         for request, phase in drafting:
-            f = confidences.get(request.request_id) if confidences else None
+            f = take(request.request_id, None) if confidences else None
             n = len(request.spec_token_ids)
             items.append((phase, request.request_id, f, n if f is None or len(f) >= n else len(f)))
-        return list(self._gate(items, self._uniform))
+        return items
 
     def plan_drafts(self, scheduled: Iterable[Any]) -> int | None:
         """Choose the next step's depth of every request that drafts in this step.
