@@ -54,6 +54,9 @@ def _accepted(fate: list[bool], verified: int) -> int:
     return m
 
 
+POLICIES = ("phase", "phase+estimate", "adaptive", "adaptive+confidence")
+
+
 def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: str, markers: str = "single") -> float:
     rules, opens, closes, noise = MARKER_SETS[markers]
     rng = random.Random(0)
@@ -63,6 +66,13 @@ def bench_steps(num_requests: int, steps: int, batch: BatchDepth, policy_name: s
         from dspark_dynamic.core.options import parse_options
 
         raw = {"policy": "adaptive", "adaptive": {"confidence": confident, "draft_token_cost_ratio": DRAFT_TOKEN_COST}}
+        policy = build_policy(parse_options(raw, 2))
+    elif policy_name == "phase+estimate":  # the phase policy with the live estimate (core/live.py)
+        from dspark_dynamic.adapter.build import build_policy
+        from dspark_dynamic.core.options import parse_options
+
+        raw = {"reasoning_depth": 1, "answer_depth": 2, "live_estimate": True,
+               "adaptive": {"draft_token_cost_ratio": DRAFT_TOKEN_COST}}
         policy = build_policy(parse_options(raw, 2))
     else:
         policy = PhasePolicy(1, 2)
@@ -219,7 +229,7 @@ def main() -> None:
     print("controller cost per request per step (before_schedule + plan_drafts + after_output)")
     print(f"{'requests':>9} {'policy':>20} {'batch_depth':>12} {'markers':>14} {'us/req/step':>12} {'ref':>6}")
     for markers in MARKER_SETS:
-        for policy in ("phase", "adaptive", "adaptive+confidence"):
+        for policy in POLICIES:
             for batch in (BatchDepth.PER_REQUEST, BatchDepth.MAX):
                 if markers != "single" and batch is BatchDepth.MAX:
                     continue  # the batch rule does not touch the marker path
@@ -229,7 +239,7 @@ def main() -> None:
                              for _ in range(args.repeats))
                     print(f"{n:>9} {policy:>20} {batch.value:>12} {markers:>14} {us:>12.2f} {us / reference:>6.2f}")
     print("\nPython lines run per request-step (machine-independent; single markers, per_request)")
-    for policy in ("phase", "adaptive", "adaptive+confidence"):
+    for policy in POLICIES:
         print(f"  {policy:>20}: " + ", ".join(f"{n} requests {count_lines(n, max(50, 1000 // max(1, n // 8)), policy):.0f}"
                                             for n in args.requests))
     capture = bench_capture()

@@ -57,6 +57,12 @@ def spec_counters(llm: Any) -> dict[str, Any]:
     return out
 
 
+def live_estimate(hook: Any) -> dict[str, dict[str, float]] | None:
+    """The controller's policy's live estimate, where it keeps one (``estimate()``)."""
+    estimate = getattr(hook.controller.policy, "estimate", None) if hook else None
+    return estimate() if estimate is not None else None
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     for key, value in engine_env().items():
         os.environ.setdefault(key, value)
@@ -127,6 +133,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "policies": hook.controller.stats.policy_snapshot() if hook else None,
                 "live_states": len(hook.controller.states) if hook else None,
                 "confidence": confidence_reports(hook),
+                "estimate": live_estimate(hook),
             }
         )
         if faults is not None:

@@ -1,6 +1,7 @@
 """A depth policy per request inside a real vLLM engine (CPU, tiny models): every policy in one
 engine, alone and sharing steps, exact and counted as vLLM counts; each request follows its own
-depths, and a request at depth 0 alone in the engine makes the drafter draft nothing."""
+depths, and a request at depth 0 alone in the engine makes the drafter draft nothing; the phase
+policy with the live estimate estimates its own requests."""
 
 import json
 
@@ -121,3 +122,25 @@ def test_under_batch_depth_max_a_shared_step_verifies_the_deepest_request_depth(
     # while sharing steps per request, the depth-0 request never verified a draft
     per = [r for rows, _s in steps_of(per_request["trace"]) for r in rows if r.get("policy") == "fixed 0"]
     assert {r["k"] for r in per} == {0}
+
+
+@pytest.fixture(scope="module")
+def phase_estimated(engine, target, phase_draft, tmp_path_factory):
+    """The phase policy with ``live_estimate``: fixed 0 and fixed 2 alone, then both beside two
+    of the server's own requests."""
+    s = spec(target, phase_draft, tmp_path_factory.mktemp("phase_estimated") / "trace.jsonl", "per_request")
+    s["additional_config"]["dspark_dynamic"].update(policy="phase", live_estimate=True)
+    own = {"prompt_ids": THINKING_PROMPT, "max_tokens": MAX_TOKENS}
+    s["batches"] = [[request("fixed 0")], [request("fixed 2")], [request("fixed 0"), request("fixed 2"), own, own]]
+    return engine("request_policy_phase_estimated", s)
+
+
+def test_the_phase_policy_with_the_live_estimate_is_exact_and_estimates_its_own_requests(phase_estimated):
+    batches = phase_estimated["batches"]
+    for batch in batches:
+        assert batch["outputs"] == [EXPECTED] * len(batch["outputs"])
+    assert batches[0]["estimate"] is None and batches[1]["estimate"] is None  # no request of its own yet
+    estimate = batches[-1]["estimate"]
+    assert set(estimate["all"]) == {"plain", "fixed"} and all(v > 0.0 for v in estimate["all"].values())
+    last = batches[-1]
+    assert sum(p["verified"] for p in last["phases"].values()) == last["vllm"]["vllm:spec_decode_num_draft_tokens"]

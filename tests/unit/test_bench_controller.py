@@ -38,4 +38,6 @@ def test_lines_per_request_step_count_the_controller_and_grow_with_the_policy(be
     phase = bench.count_lines(2, 100, "phase")
     adaptive = bench.count_lines(2, 100, "adaptive")
     assert 10 < phase < adaptive
+    estimated = bench.count_lines(2, 100, "phase+estimate")  # the live estimate is opt-in: phase alone is as cheap
+    assert phase < estimated < adaptive
     assert bench.bench_reference(repeats=1) > 0

@@ -14,6 +14,7 @@ import pytest
 
 from dspark_dynamic.tools import bench_client as bc
 from dspark_dynamic.tools import bench_policies as bp
+from dspark_dynamic.tools import live_check
 from dspark_dynamic.tools.paired import rotation
 
 # --- specs ---------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ class FakeServer:
     arrival order; 400 for a policy word other than its own; per-policy series on /metrics
     (4 verified, 2 accepted per request and phase).  ``delay(xargs)``: seconds per chunk."""
 
-    def __init__(self, configured="adaptive", metrics=True, delay=lambda xargs: 0.0):
+    def __init__(self, configured="adaptive", metrics=True, delay=lambda xargs: 0.0, extra=""):
         self.seen: list[tuple[str, dict | None]] = []
         self.counts: dict[str, int] = {}
         self.lock = threading.Lock()
@@ -197,7 +198,7 @@ class FakeServer:
                             lab = f'{{policy="{policy}",phase="{phase}",engine="0"}}'
                             lines.append(f"dspark_dynamic:policy_verified_draft_tokens_total{lab} {4.0 * n}")
                             lines.append(f"dspark_dynamic:policy_accepted_draft_tokens_total{lab} {2.0 * n}")
-                    self.wfile.write(("\n".join(lines) + "\n").encode())
+                    self.wfile.write(("\n".join(lines) + "\n" + extra).encode())
                 else:
                     self.send_response(404)
                     self.end_headers()
@@ -393,3 +394,67 @@ def test_plot_written_or_skipped(tmp_path, capsys, monkeypatch):
         other = tmp_path / "q.png"
         assert bc.main(["--base-url", fake.url, "--policies", "fixed 2", "--rounds", "1", "--plot", str(other)]) == 0
     assert "matplotlib is not installed" in capsys.readouterr().out and not other.exists()
+
+
+# --- the live estimate beside the measured ratio -----------------------------------------------
+
+LIVE = """# HELP dspark_dynamic:estimated_speedup dspark_dynamic: estimated speed-up
+# TYPE dspark_dynamic:estimated_speedup gauge
+dspark_dynamic:estimated_speedup{phase="answer",vs="plain",engine="0"} 1.5
+dspark_dynamic:estimated_speedup{phase="all",vs="plain",engine="0"} 1.2
+dspark_dynamic:estimated_speedup{phase="all",vs="fixed",engine="0"} 0.9
+dspark_dynamic:estimated_speedup{phase="all",vs="plain",engine="1"} 1.4
+dspark_dynamic:estimated_speedup{phase="all",vs="fixed",engine="1"} 0.95
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 0.0
+"""
+
+
+def parsed(text):
+    """Samples as ``bench_client.scrape_metrics`` keeps them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_live_estimate_and_the_depth_are_read_from_the_metrics():
+    samples = parsed(LIVE)
+    assert live_check.estimated(samples) == pytest.approx({"plain": 1.3, "fixed": 0.925})  # engines' mean
+    assert live_check.speculative_tokens(samples) == 2
+    assert live_check.estimated(parsed("# TYPE x gauge\nx 1\n")) is None
+    assert live_check.estimated(None) is None and live_check.speculative_tokens({}) is None
+
+
+def test_the_estimate_is_set_beside_the_measured_ratio_of_the_servers_arm_over_fixed_n():
+    arms, _ref, aa = bp.build_arms("fixed 2,server,fixed 0")
+    rows = [{"round": r, "arm": arm, "tok_per_s": tok}
+            for r, speeds in enumerate([(10.0, 9.0, 7.0), (10.0, 8.0, 7.0), (10.0, 9.5, 7.0)])
+            for arm, tok in zip(("fixed 2", "server", "fixed 0"), speeds)]
+    check = live_check.cross_check(parsed(LIVE), arms, rows, aa)
+    assert (check["arm"], check["fixed_arm"]) == ("server", "fixed 2")
+    assert check["measured"]["median"] == pytest.approx(0.9) and check["measured"]["n"] == 3
+    lines = live_check.report_lines(check, True)
+    assert lines[0] == ("live estimate (modelled by the server from its learned step costs and acceptance, decode "
+                        "steps of its own policy): 1.300x plain, 0.925x fixed 2")
+    assert lines[1] == ("  measured beside it: server / fixed 2 0.900 [0.850-0.925] (median of per-round ratios "
+                        "[IQR], whole requests)")
+    without = live_check.cross_check(parsed(LIVE), bp.build_arms("fixed 0,server")[0], rows, None)
+    assert without["measured"] is None and "add 'fixed 2' to --policies" in live_check.report_lines(without, True)[1]
+    no_n = live_check.cross_check(parsed(LIVE.split("# TYPE vllm")[0]), arms, rows, aa)
+    assert "num_speculative_tokens is not on /metrics" in live_check.report_lines(no_n, True)[1]
+    assert live_check.report_lines(None, False) == []
+    assert live_check.report_lines(None, True)[0].startswith("live estimate not shown")
+
+
+def test_a_run_prints_the_live_estimate_beside_the_measured_ratio(capsys):
+    with FakeServer(extra=LIVE) as fake:
+        assert bc.main(["--base-url", fake.url, "--policies", "fixed 2,server", "--rounds", "2", "--no-aa"]) == 0
+    out = capsys.readouterr().out
+    assert "live estimate (modelled by the server" in out and "0.925x fixed 2" in out
+    assert "measured beside it: server / fixed 2" in out
+    with FakeServer() as fake:
+        assert bc.main(["--base-url", fake.url, "--policies", "fixed 2,server", "--rounds", "1", "--no-aa"]) == 0
+    assert "live estimate not shown" in capsys.readouterr().out

@@ -56,6 +56,8 @@ def test_marker_sequences_resets_and_default_phase_round_trip():
         ({"adaptive": {"confidence": 1}}, 2, "adaptive.confidence"),
         ({"log_interval_s": float("nan")}, 2, "log_interval_s"),
         ({"skip_idle_drafter": "yes"}, 2, "skip_idle_drafter"),
+        ({"live_estimate": 1}, 2, "live_estimate"),
+        ({"live_estimate": None}, 2, "live_estimate"),
         ("reasoning_depth=1", 2, "dspark_dynamic"),
     ],
 )
@@ -97,3 +99,12 @@ def test_context_features_are_on_unless_switched_off():
     assert parse_options({"policy": "adaptive"}, 2).adaptive.context_features is True
     off = parse_options({"policy": "adaptive", "adaptive": {"context_features": False}}, 2)
     assert off.adaptive.context_features is False
+
+
+def test_the_live_estimate_is_off_unless_asked_for_under_every_policy():
+    for policy in ("phase", "adaptive", "vllm-av"):
+        assert parse_options({"policy": policy}, 2).live_estimate is False
+        on = parse_options({"policy": policy, "live_estimate": True}, 2)
+        assert on.live_estimate is True and parse_options(on.to_dict(), 2) == on
+    with pytest.raises(DynamicDepthConfigError, match="'live_estimate'='yes'; allowed: true or false"):
+        parse_options({"live_estimate": "yes"}, 2)

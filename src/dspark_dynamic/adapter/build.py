@@ -5,7 +5,7 @@ Data flows one way::
     additional_config["dspark_dynamic"] --parse_options--> options
         --resolve_markers (options, then the reasoning parser, then the tokenizer)--> markers
         (ids or id sequences; or the parser's own API)
-        --> policy (phase | adaptive), batch depth, stats (+ trace file),
+        --> policy (phase | adaptive | a peer's rule; + the live estimate), batch depth, stats (+ trace file),
             the per-request policy reader --> DepthController
 
 ``resolve_options`` is the validating half: the argument-parsing process runs it (through the
@@ -137,11 +137,13 @@ def build_policy(options: DynamicDepthOptions, drafter_catches_up: bool = False,
                  idle_drafter_runs: bool = False) -> DepthPolicy:
     """``drafter_catches_up``: the workers skip the idle drafter (``expects_drafter_catch_up``);
     ``idle_drafter_runs``: the drafter runs its forward even on steps that draft nothing (vLLM's
-    own behaviour, and Model Runner V2's DSpark, which drafts its block every step)."""
+    own behaviour, and Model Runner V2's DSpark, which drafts its block every step).  With
+    ``live_estimate`` a policy other than adaptive (which has its own) is wrapped in
+    ``live.Estimated``, its step cost and acceptance priors from the ``adaptive`` knobs."""
+    a = options.adaptive
     if options.policy == "adaptive":
         from dspark_dynamic.core.adaptive import AdaptivePolicy
 
-        a = options.adaptive
         return AdaptivePolicy(
             options.num_speculative_tokens,
             {Phase.REASONING: options.reasoning_depth, Phase.ANSWER: options.answer_depth},
@@ -151,11 +153,23 @@ def build_policy(options: DynamicDepthOptions, drafter_catches_up: bool = False,
             drafter_catches_up=drafter_catches_up, idle_drafter_runs=idle_drafter_runs,
             context_features=a.context_features,
         )
+    policy: DepthPolicy
     if options.policy in PEER_POLICIES:
         from dspark_dynamic.core.peers import PEERS
 
-        return PEERS[options.policy](options.num_speculative_tokens)
-    return PhasePolicy(options.reasoning_depth, options.answer_depth)
+        policy = PEERS[options.policy](options.num_speculative_tokens)
+    else:
+        policy = PhasePolicy(options.reasoning_depth, options.answer_depth)
+    if not options.live_estimate:
+        return policy
+    from dspark_dynamic.core.live import Estimated
+
+    return Estimated(
+        policy, options.num_speculative_tokens, verify_cost_ratio=a.verify_cost_ratio,
+        draft_cost_ratio=a.draft_cost_ratio, draft_token_cost_ratio=a.draft_token_cost_ratio or 0.0,
+        learn_cost=a.learn_cost, prior_weight=a.prior_weight, window=a.window,
+        drafter_catches_up=drafter_catches_up, idle_drafter_runs=idle_drafter_runs,
+    )
 
 
 @dataclass
@@ -176,7 +190,8 @@ class BuiltController:
             f"dspark_dynamic: depth controller on (method={method}, num_speculative_tokens="
             f"{o.num_speculative_tokens}, policy={o.policy}, reasoning_depth={o.reasoning_depth}, "
             f"answer_depth={o.answer_depth}, batch_depth={self.batch_depth.value}, "
-            f"bound_drafts={o.bound_drafts}; markers: {self.markers.source}"
+            f"bound_drafts={o.bound_drafts}" + (", live_estimate=True" if o.live_estimate else "")
+            + f"; markers: {self.markers.source}"
             + (f"; draft confidences: {self.confidence}" if self.confidence else "") + ")"
         )
 

@@ -33,8 +33,8 @@ data-parallel rank, as on vLLM's own series):
 - ``dspark_dynamic:controller_errors_total``     faults in the plugin that detached the controller
   (label ``engine`` only; see ``adapter/fail_open.py``)
 - ``dspark_dynamic:estimated_speedup``           the live estimate (gauge; labels ``phase`` =
-  reasoning|answer|all, ``vs`` = plain|fixed; the adaptive policy, once its costs are learned;
-  see ``core/estimate.py``)
+  reasoning|answer|all, ``vs`` = plain|fixed; the adaptive policy, or any with ``live_estimate``,
+  once its costs are learned; see ``core/estimate.py``, ``core/live.py``)
 
 Limitation: an engine core whose snapshot directory the API server cannot read (a data-parallel
 engine on another node, started with ``--headless``) is missing from ``/metrics``; the API server
@@ -295,7 +295,8 @@ class PhaseCollector:
             f"{PREFIX}estimated_speedup",
             "dspark_dynamic: estimated speed-up of what ran over plain decoding (vs=plain) and over the fixed "
             "configured depth (vs=fixed), by reasoning phase (all: overall); from the learned step costs and "
-            "acceptance (adaptive policy, once its costs are learned)", labels=["phase", "vs", "engine"])
+            "acceptance (the adaptive policy, or any with live_estimate, once its costs are learned)",
+            labels=["phase", "vs", "engine"])
         for snap in snapshots:
             for phase, ratios in (snap.get("estimate") or {}).items():
                 for vs, value in ratios.items():

@@ -2,9 +2,10 @@
 the fixed configured depth, per phase and overall (pure logic).
 
 Per decode step, each request's share of the step's time (``seconds / requests``) and the tokens
-it added are kept per phase, with forgetting (``1 - 1/MEMORY`` per step, as a growing weight on
-the new step: only the phases in the step are touched).  Beside them, the same
-steps priced by the learned step cost (``costs.StepCost``):
+it added are kept per phase (for every request of the step, or for those ``counted``), with
+forgetting (``1 - 1/MEMORY`` per step, as a growing weight on the new step: only the phases in
+the step are touched).  Beside them, the same steps priced by the learned step cost
+(``costs.StepCost``):
 - *plain*: the step with no draft verified and the drafter not run, one token per request;
 - *fixed*: the step with every request verifying ``N`` drafts and the drafter drafting ``N``,
   ``E_N = 1 + sum_{j<=N} prod_{i<=j} a_i`` tokens per request at the phase's acceptance rates.
@@ -19,7 +20,7 @@ the fixed depth's acceptance beyond the depths the policy verifies is the rates'
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 
 from dspark_dynamic.core.acceptance import GateSample
 from dspark_dynamic.core.costs import MEMORY, Shape, StepCost, features
@@ -56,31 +57,41 @@ class SpeedEstimate:
 
     def learn_step(self, cost: StepCost, seconds: float, decisions: Mapping[str, tuple[Phase, int]],
                    tokens: Mapping[str, int], fixed_tokens: Callable[[Phase], float],
-                   idle_drafter_runs: bool = False, context: float = 0.0) -> None:
+                   idle_drafter_runs: bool = False, context: float = 0.0,
+                   counted: Container[str] | None = None) -> None:
         """One decode step from the controller's view of it: each request's phase (``decisions``)
         and the tokens it added (``tokens``: the requests live at the step's output);
-        ``fixed_tokens(phase)``: what a request-step at the fixed depth yields there."""
+        ``fixed_tokens(phase)``: what a request-step at the fixed depth yields there;
+        ``counted``: the requests estimated (None: every one), each at its share of the step."""
         requests: dict[Phase, int] = {}
         added: dict[Phase, int] = {}
+        batch = 0
         for req_id, (phase, _k) in decisions.items():
             n = tokens.get(req_id)
             if n is not None:
-                requests[phase] = requests.get(phase, 0) + 1
-                added[phase] = added.get(phase, 0) + n
+                batch += 1
+                if counted is None or req_id in counted:
+                    requests[phase] = requests.get(phase, 0) + 1
+                    added[phase] = added.get(phase, 0) + n
         if requests:
             yields = {p: fixed_tokens(p) for p in requests}
-            self.learn_one(cost, seconds, requests, added, yields, idle_drafter_runs, context)
+            self.learn_one(cost, seconds, requests, added, yields, idle_drafter_runs, context, batch)
 
     def learn_one(self, cost: StepCost, seconds: float, requests: dict[Phase, int], tokens: dict[Phase, int],
-                  fixed_tokens: dict[Phase, float], idle_drafter_runs: bool = False, context: float = 0.0) -> None:
+                  fixed_tokens: dict[Phase, float], idle_drafter_runs: bool = False, context: float = 0.0,
+                  batch: int = 0) -> None:
         """One decode step: ``requests`` and ``tokens`` per phase; ``fixed_tokens``: per phase,
         what one request-step at the fixed depth yields at the phase's rates; ``context``: the
-        step's context in ``costs.context_units`` (plain and fixed steps read it too)."""
+        step's context in ``costs.context_units`` (plain and fixed steps read it too); ``batch``:
+        the step's requests, where more than those in ``requests`` (the alternatives are priced
+        at the whole batch, each request estimated at ``1 / batch`` of a step)."""
         if not cost.known or not cost.learn:
             return
         r = sum(requests.values())
         if r <= 0:
             return
+        if batch > r:
+            r = batch
         if cost.solved != self._solved:
             self._prices.clear()
             self._solved = cost.solved

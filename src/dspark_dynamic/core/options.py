@@ -76,6 +76,9 @@ class DynamicDepthOptions:
     # forward catches its cache up (adapter/patches/drafter_skip.py); DFlash still writes its
     # context (adapter/patches/dflash_context.py)
     skip_idle_drafter: bool = True
+    # the live estimate (core/live.py) under the phase policy and the peers' rules; off there, it
+    # costs no host time; the adaptive policy always has its own (this option changes nothing there)
+    live_estimate: bool = False
     adaptive: AdaptiveOptions = AdaptiveOptions()
 
     @property
@@ -230,6 +233,9 @@ def parse_options(raw: Any, num_speculative_tokens: int | None) -> DynamicDepthO
     skip_idle_drafter = raw.get("skip_idle_drafter", True)
     if not isinstance(skip_idle_drafter, bool):
         raise _fail("skip_idle_drafter", skip_idle_drafter, "true or false")
+    live_estimate = raw.get("live_estimate", False)
+    if not isinstance(live_estimate, bool):
+        raise _fail("live_estimate", live_estimate, "true or false")
     start_ids = _ids("reasoning_start_ids", raw.get("reasoning_start_ids"))
     end_ids = _ids("reasoning_end_ids", raw.get("reasoning_end_ids"))
     reset_ids = _ids("reasoning_reset_ids", raw.get("reasoning_reset_ids"))
@@ -254,6 +260,7 @@ def parse_options(raw: Any, num_speculative_tokens: int | None) -> DynamicDepthO
         trace_path=trace_path,
         bound_drafts=bound_drafts,
         skip_idle_drafter=skip_idle_drafter,
+        live_estimate=live_estimate,
         adaptive=_adaptive(raw.get("adaptive"), n),
     )
 

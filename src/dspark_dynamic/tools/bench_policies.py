@@ -21,6 +21,7 @@ all arms go out together, interleaved, ``--concurrency`` per arm in flight, so t
 tok/s in a round is its completion tokens over the wall time of its requests (with ``--mix``:
 over the sum of its requests' own times, a per-request rate).  A ratio is the median over rounds
 of arm/reference in the same round, with inclusive quartiles; the A/A ratio is the noise band.
+Where the server publishes its live estimate, ``live_check`` sets it beside the measured ratio.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from dspark_dynamic.tools import bench_client as bc
+from dspark_dynamic.tools import live_check
 from dspark_dynamic.tools.paired import Summary, rotation, summarize
 
 BenchError = bc.BenchError
@@ -346,6 +348,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> dict[str,
         "reference": reference, "aa": aa_label, "order": orders, "rows": rows, "summary": summary,
         "acceptance": _arms_first(policy_acceptance(before, after), [a.spec.label for a in arms]),
         "metrics_available": after is not None, "plain": None,
+        "live_estimate": live_check.cross_check(after, arms, rows, aa_label),
     }
     if plain:
         plain_median = median_of([p["tok_per_s"] for p in plain_rows])
@@ -410,6 +413,8 @@ def print_report(res: dict[str, Any], out: TextIO | None = None) -> None:
             for phase, v in phases.items():
                 rate = f"{100 * v['acceptance']:.1f}%" if v["acceptance"] is not None else "-"
                 say(f"{policy:<{width}} {phase:<10} {v['verified']:>9.0f} {v['accepted']:>9.0f} {rate:>8}")
+    for line in live_check.report_lines(res.get("live_estimate"), res["metrics_available"]):
+        say(line)
     plain = res["plain"]
     if plain is not None:
         say()
