@@ -58,6 +58,7 @@ ALLOWED = {
     "dspark_dynamic/core/drafter_lag.py",
     "dspark_dynamic/core/draws.py",
     "dspark_dynamic/core/estimate.py",
+    "dspark_dynamic/core/live.py",
     "dspark_dynamic/core/options.py",
     "dspark_dynamic/core/peers.py",
     "dspark_dynamic/core/phase.py",
@@ -77,6 +78,7 @@ ALLOWED = {
     "dspark_dynamic/tools/data.py",
     "dspark_dynamic/tools/doctor.py",
     "dspark_dynamic/tools/launch.py",
+    "dspark_dynamic/tools/live_check.py",
     "dspark_dynamic/tools/paired.py",
     "dspark_dynamic/tools/plot_policies.py",
 }
